@@ -1,0 +1,33 @@
+# The two commands a new user runs: `make demo` and `make test`.
+# Both create .venv on first use; torch is pinned here (the CPU wheel), not in the package.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH_PIN := torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test verify lint typecheck bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_PIN)"
+	$(BIN)/pip install -q -e ".[dev,torch]" "$(TORCH_PIN)"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m aegis_flow.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+	$(BIN)/ruff check aegis_flow tests bench examples
+	$(BIN)/mypy
+
+verify: $(STAMP)
+	$(BIN)/aegis-flow verify --workers 3 --max-retry 2 --message-layer
+
+bench: $(STAMP)
+	$(BIN)/python bench/verify_bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache build *.egg-info

@@ -1,0 +1,669 @@
+"""The master's phase state machine: ``step(status, event, now=...) -> (status, effects)``.
+
+PURE. No I/O, no clock, no asyncio, no logging: time is an argument and every side effect is
+returned as data (``Broadcast``, ``Send``, ``ExitWorker``, ``Quarantine``, ``Persist``, ``Log``)
+for the runtime (``master/runtime.py``) to carry out. The model checker in ``aegis_flow/verify``
+explores this very function.
+
+The contract is the transition table T1–T15 of DESIGN.md §2; each branch below names its row.
+Counting rule: a counted failure does ``retries[w] += 1``; T11 is checked first (retries[w] >
+maxRetry → Failed with recoverCount = maxRetry+1); otherwise recoverCount = max(retries).
+
+Message layer: every broadcast bumps ``seq``. A worker message carries the seq it answers.
+Finish/Error are *duplicates* when that (worker, seq, type) was already processed and *stale*
+when their seq is older than the current one; both are ignored with a Log effect. Acks double as
+heartbeats: never deduplicated, accepted in Pending whatever their seq (the Pending exception),
+and an Ack showing an older seq makes the master re-send that worker its current order (the
+state-based re-send that makes a lost order harmless).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import Union
+
+# --------------------------------------------------------------------------- states
+
+
+class Phase(enum.Enum):
+    """Global phase of the job, also used as each worker's inner phase."""
+
+    PENDING = "Pending"
+    BOOTCHECKING = "BootChecking"
+    RUNCOMMAND = "RunCommand"
+    RESTARTING = "Restarting"
+    TROUBLESHOOTING = "Troubleshooting"
+    SUCCEED = "Succeed"
+    FAILED = "Failed"
+    INDEPENDENT = "Independent"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_PHASES
+
+
+TERMINAL_PHASES = frozenset({Phase.SUCCEED, Phase.FAILED, Phase.INDEPENDENT})
+LIVE_PHASES = frozenset(set(Phase) - TERMINAL_PHASES)
+
+
+class Order(enum.Enum):
+    """What the master tells workers to do. Each phase has exactly one current order."""
+
+    BOOTCHECK = "bootcheck"
+    RUN = "run"
+    TROUBLESHOOT = "troubleshoot"
+    HOLD = "hold"  # stop training (if any) and wait
+    QUIT = "quit"
+    RUN_INDEPENDENT = "run-independent"
+    EXIT = "exit"  # leave with an exit code (node fault / container restart); per worker only
+
+
+class FaultClass(enum.Enum):
+    """Diagnosis of a failed check (DESIGN.md §2, decision table)."""
+
+    TRANSIENT = "transient"  # L1: restart the process in place
+    CONTAINER = "container"  # L2: restart the container
+    HARDWARE = "hardware"  # L3: quarantine the node, reschedule
+    SLOW = "slow"  # mark only; evict at the next checkpoint
+
+
+class ExitCode(enum.IntEnum):
+    """Worker exit codes: the contract between supervisor and workflow (range 70–79)."""
+
+    NODE_FAULT = 70  # retry this pod elsewhere
+    CONTAINER_RESTART = 71  # retry here
+    SLOW_NODE_EVICTED = 72
+    JOB_FAILED = 73  # retries exhausted: never retried
+    STOPPED = 74  # stopped by an operator
+
+
+class Outcome(enum.Enum):
+    SUCCESS = "success"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """What the master knows of one worker (by rank). ``incarnation`` is None until it acks."""
+
+    rank: int
+    phase: Phase = Phase.PENDING
+    finished: bool = False
+    retries: int = 0
+    restarting: bool = False
+    incarnation: str | None = None
+    last_reason: str = ""
+    node: str = ""
+    pod_ip: str = ""
+    updated: float = 0.0
+    seq: int = 0  # the highest (valid) seq this worker has reported
+    finish_seq: int = -1  # seq of the last processed Finish (dedup)
+    error_seq: int = -1  # seq of the last processed Error (dedup)
+    flaps: int = 0  # uncounted replacements since the job last entered RunCommand
+    hanging: bool = False
+    exit_code: ExitCode | None = None  # an exit this worker was told to make, re-sent until it returns
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """The master's whole state; persisted after every transition."""
+
+    phase: Phase
+    workers: tuple[PodInfo, ...]
+    max_retry: int
+    flap_limit: int = 3
+    recover_count: int = 0
+    should_quit: bool = False
+    error_nodes: frozenset[str] = frozenset()
+    seq: int = 0
+    ran: bool = False  # the command has run at least once in this job (T8)
+    stop_reason: str = ""
+    checkpoint_step: int = -1
+
+    @property
+    def retries(self) -> tuple[int, ...]:
+        return tuple(p.retries for p in self.workers)
+
+    def worker(self, rank: int) -> PodInfo:
+        return self.workers[rank]
+
+
+def initial_status(
+    workers: int,
+    max_retry: int,
+    *,
+    flap_limit: int = 3,
+    nodes: tuple[str, ...] | None = None,
+) -> Status:
+    """The status of a job that has just been created (phase Pending)."""
+    if workers < 1:
+        raise ValueError(f"the number of workers ({workers}) must be at least 1")
+    if max_retry < 0:
+        raise ValueError(f"max-retry ({max_retry}) must be 0 or more")
+    if flap_limit < 0:
+        raise ValueError(f"flap-limit ({flap_limit}) must be 0 or more")
+    if nodes is not None and len(nodes) != workers:
+        raise ValueError(f"{len(nodes)} node names given for {workers} workers")
+    pods = tuple(
+        PodInfo(rank=r, node=nodes[r] if nodes else "") for r in range(workers)
+    )
+    return Status(phase=Phase.PENDING, workers=pods, max_retry=max_retry, flap_limit=flap_limit)
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Worker is up and subscribed; sent once at start and then as its heartbeat."""
+
+    rank: int
+    incarnation: str
+    seq: int = 0
+    node: str = ""
+    pod_ip: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """Worker completed the work of order ``seq``: check results (ok = passed) or exit 0."""
+
+    rank: int
+    seq: int
+    ok: bool
+    fault: FaultClass | None = None  # the diagnosis when not ok
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """The command failed while running (non-zero exit or signal)."""
+
+    rank: int
+    seq: int
+    cause: str = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """Worker's heartbeats stopped (produced by the runtime's timer)."""
+
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hang:
+    rank: int
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class HangWithQuit:
+    rank: int
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointDone:
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectTimeout:
+    """Pending: not every worker acked within the connect timeout (runtime timer) → T15."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """An operator stopped the job, or a restarting worker missed its deadline → T12."""
+
+    reason: str = "stopped"
+
+
+Event = Union[Ack, Finish, Error, Lost, Hang, HangWithQuit, CheckpointDone, ConnectTimeout, Stop]
+WORKER_EVENTS = (Ack, Finish, Error, Lost, Hang, HangWithQuit)
+SEQ_EVENTS = (Ack, Finish, Error, Hang, HangWithQuit)
+
+# --------------------------------------------------------------------------- effects
+
+
+@dataclass(frozen=True, slots=True)
+class Broadcast:
+    order: Order
+    seq: int
+    outcome: Outcome | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One worker gets ``order`` (a re-send of the current order)."""
+
+    rank: int
+    order: Order
+    seq: int
+    outcome: Outcome | None = None
+    exit_code: ExitCode | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExitWorker:
+    """Tell one worker to leave with ``code`` (node fault → reschedule; container restart)."""
+
+    rank: int
+    code: ExitCode
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantine:
+    rank: int
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class Persist:
+    """Store the new status (after every transition)."""
+
+
+class Ignored(enum.Enum):
+    DUPLICATE = "duplicate"
+    STALE = "stale"
+    FUTURE = "future"  # a seq the master never sent
+    LATE = "late"  # legitimate event in a phase where it means nothing
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    message: str
+    level: str = "info"
+    ignored: Ignored | None = None
+    transition: str = ""  # the table row, e.g. "T5"
+
+
+Effect = Union[Broadcast, Send, ExitWorker, Quarantine, Persist, Log]
+
+
+class MalformedEvent(ValueError):
+    """An event that no correct worker or runtime can produce (unknown rank, negative seq).
+
+    Permanent: retrying the same event cannot help; the runtime drops and counts it.
+    """
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def current_order(status: Status) -> tuple[Order | None, Outcome | None]:
+    """The order of the current phase (what a lagging worker is re-sent)."""
+    phase = status.phase
+    if phase is Phase.PENDING:
+        return None, None
+    if phase is Phase.SUCCEED:
+        return Order.QUIT, Outcome.SUCCESS
+    if phase is Phase.FAILED:
+        return Order.QUIT, Outcome.STOPPED if status.stop_reason else Outcome.FAILED
+    return _PHASE_ORDER[phase], None
+
+
+_PHASE_ORDER = {
+    Phase.BOOTCHECKING: Order.BOOTCHECK,
+    Phase.RUNCOMMAND: Order.RUN,
+    Phase.RESTARTING: Order.HOLD,
+    Phase.TROUBLESHOOTING: Order.TROUBLESHOOT,
+    Phase.INDEPENDENT: Order.RUN_INDEPENDENT,
+}
+
+Result = tuple[Status, list[Effect]]
+
+
+def _ignore(status: Status, why: Ignored, message: str) -> Result:
+    return status, [Log(message, level="debug", ignored=why)]
+
+
+def _set(status: Status, pod: PodInfo) -> Status:
+    workers = list(status.workers)
+    workers[pod.rank] = pod
+    return replace(status, workers=tuple(workers))
+
+
+def _broadcast(
+    status: Status, phase: Phase, row: str, message: str, *, keep_restarting_phase: bool = False
+) -> Result:
+    """Enter ``phase``: bump seq, reset every worker's round and broadcast the phase's order."""
+    seq = status.seq + 1
+    if keep_restarting_phase:  # Restarting: workers keep the phase they were in
+        workers = status.workers
+    else:
+        workers = tuple(
+            replace(p, phase=phase, finished=False, hanging=False) for p in status.workers
+        )
+    new = replace(status, phase=phase, seq=seq, workers=workers)
+    order, outcome = current_order(new)
+    assert order is not None
+    return new, [Log(message, transition=row), Broadcast(order, seq, outcome)]
+
+
+def _is_stale(status: Status, seq: int) -> bool:
+    return seq < status.seq
+
+
+def _is_duplicate(pod: PodInfo, event: Finish | Error) -> bool:
+    if isinstance(event, Finish):
+        return event.seq == pod.finish_seq
+    return event.seq == pod.error_seq
+
+
+def _count(status: Status, rank: int, cause: str, row: str) -> Result | Status:
+    """Counting rule. Returns the Failed result of T11, or the status with the failure counted."""
+    pod = status.workers[rank]
+    retries = pod.retries + 1
+    status = _set(status, replace(pod, retries=retries, last_reason=cause))
+    if retries > status.max_retry:  # T11 is checked first
+        return _fail(status, Outcome.FAILED, f"{row}+T11: rank {rank} failed ({cause}); "
+                     f"retries {retries} > max-retry {status.max_retry}", recover=True)
+    return replace(status, recover_count=max(p.retries for p in status.workers))
+
+
+def _fail(status: Status, outcome: Outcome, message: str, *, recover: bool) -> Result:
+    """T11 / T12: Failed, shouldQuit, every inner phase Failed, broadcast quit."""
+    seq = status.seq + 1
+    workers = tuple(replace(p, phase=Phase.FAILED, restarting=False) for p in status.workers)
+    new = replace(
+        status,
+        phase=Phase.FAILED,
+        seq=seq,
+        workers=workers,
+        should_quit=True,
+        recover_count=status.max_retry + 1 if recover else status.recover_count,
+    )
+    row = "T11" if recover else "T12"
+    return new, [Log(message, level="error", transition=row), Broadcast(Order.QUIT, seq, outcome)]
+
+
+def _replace_worker(
+    status: Status, rank: int, cause: str, row: str, *, exit_code: ExitCode | None = None
+) -> Result:
+    """T3/T7/T10/T10c (uncounted replacement during recovery) with the flap guard."""
+    pod = status.workers[rank]
+    counted = pod.flaps >= status.flap_limit
+    if counted:
+        outcome = _count(status, rank, cause, row)
+        if isinstance(outcome, tuple):
+            return outcome
+        status = outcome
+        pod = status.workers[rank]
+    pod = replace(
+        pod,
+        restarting=True,
+        flaps=min(pod.flaps + 1, status.flap_limit) if not counted else pod.flaps,
+        last_reason=cause,
+        exit_code=exit_code,
+        hanging=False,
+    )
+    status = _set(status, pod)
+    effects: list[Effect] = []
+    if exit_code is ExitCode.NODE_FAULT and pod.node:
+        status = replace(status, error_nodes=status.error_nodes | {pod.node})
+        effects.append(Quarantine(rank, pod.node))
+    note = " (counted: flap limit reached)" if counted else ""
+    message = f"{row}: rank {rank} is being replaced ({cause}){note}"
+    if status.phase is Phase.RESTARTING:  # already holding: no new round
+        effects = [Log(message, transition=row), *effects]
+    else:
+        status, more = _broadcast(status, Phase.RESTARTING, row, message,
+                                  keep_restarting_phase=True)
+        effects = [*more[:1], *effects, *more[1:]]
+    if exit_code is not None:
+        effects.append(ExitWorker(rank, exit_code, status.seq))
+    return status, effects
+
+
+def _counted_failure(status: Status, rank: int, cause: str, row: str, phase: Phase) -> Result:
+    """T5/T6/T14: counted; stop every training process (the broadcast order does it)."""
+    outcome = _count(status, rank, cause, row)
+    if isinstance(outcome, tuple):
+        return outcome
+    status = outcome
+    message = f"{row}: rank {rank} failed ({cause}); retries {status.retries}, " \
+              f"recoverCount {status.recover_count}"
+    if phase is Phase.RESTARTING:
+        pod = replace(status.workers[rank], restarting=True, exit_code=None)
+        status = _set(status, pod)
+        return _broadcast(status, phase, row, message, keep_restarting_phase=True)
+    return _broadcast(status, phase, row, message)
+
+
+def _resend(status: Status, pod: PodInfo) -> list[Effect]:
+    """State-based re-send: a worker whose heartbeat shows an older seq gets the current order."""
+    if pod.seq >= status.seq or status.phase is Phase.PENDING:
+        return []
+    if pod.restarting and pod.exit_code is not None:
+        return [Send(pod.rank, Order.EXIT, status.seq, exit_code=pod.exit_code)]
+    order, outcome = current_order(status)
+    assert order is not None
+    return [Send(pod.rank, order, status.seq, outcome)]
+
+
+# --------------------------------------------------------------------------- step
+
+
+def step(status: Status, event: Event, *, now: float = 0.0) -> Result:
+    """Apply one event. Never mutates ``status``; raises MalformedEvent for impossible input.
+
+    An ignored event (late, stale, duplicate) returns ``status`` itself and one Log effect that
+    says why. When the status changed, the first effect is ``Persist``: the runtime stores the
+    new status before it sends any order, so a restarted master never re-uses a seq.
+    """
+    _validate(status, event)
+    new, effects = _dispatch(status, event, now)
+    if effects and isinstance(effects[-1], Log) and effects[-1].ignored is not None:
+        return status, effects[-1:]
+    if new is not status and new != status:
+        return new, [Persist(), *effects]
+    return status, effects
+
+
+def _dispatch(status: Status, event: Event, now: float) -> Result:
+    if isinstance(event, Ack):
+        return _on_ack(status, event, now)
+    if isinstance(event, Stop):
+        if status.phase.terminal:
+            return _ignore(status, Ignored.LATE, f"Stop in {status.phase.value}: already over")
+        return _fail(replace(status, stop_reason=event.reason or "stopped"), Outcome.STOPPED,
+                     f"T12: stopped ({event.reason})", recover=False)
+    if isinstance(event, ConnectTimeout):
+        if status.phase is not Phase.PENDING:
+            return _ignore(status, Ignored.LATE, f"connect timeout in {status.phase.value}")
+        return _broadcast(status, Phase.INDEPENDENT, "T15",
+                          "T15: not every worker acked in time; every worker runs independently")
+    if isinstance(event, CheckpointDone):
+        if status.phase.terminal:
+            return _ignore(status, Ignored.LATE, "checkpoint after the end")
+        return replace(status, checkpoint_step=max(status.checkpoint_step, event.step)), [
+            Log(f"checkpoint at step {event.step}")]
+    if isinstance(event, Lost):
+        return _on_lost(status, event)
+    # Finish / Error / Hang / HangWithQuit carry a seq.
+    if status.phase.terminal:
+        return _ignore(status, Ignored.LATE, f"{_name(event)} after the job ended")
+    if event.seq > status.seq:
+        return _ignore(status, Ignored.FUTURE, f"{_name(event)} for seq {event.seq} > {status.seq}")
+    if _is_stale(status, event.seq):
+        return _ignore(status, Ignored.STALE,
+                       f"stale {_name(event)} (seq {event.seq} < {status.seq})")
+    pod = status.workers[event.rank]
+    if isinstance(event, (Finish, Error)) and _is_duplicate(pod, event):
+        return _ignore(status, Ignored.DUPLICATE, f"duplicate {_name(event)} seq {event.seq}")
+    if pod.restarting:
+        return _ignore(status, Ignored.LATE, f"{_name(event)} from restarting rank {pod.rank}")
+    status = _set(status, replace(pod, seq=event.seq, updated=now))
+    if isinstance(event, Finish):
+        return _on_finish(status, event)
+    if isinstance(event, Error):
+        return _on_error(status, event)
+    return _on_hang(status, event)
+
+
+def _name(event: Event) -> str:
+    return type(event).__name__ + (f"(rank {event.rank})" if hasattr(event, "rank") else "")
+
+
+def _validate(status: Status, event: Event) -> None:
+    if isinstance(event, WORKER_EVENTS):
+        if not isinstance(event.rank, int) or not 0 <= event.rank < len(status.workers):
+            raise MalformedEvent(
+                f"unknown worker rank {event.rank!r}: this job has ranks 0..{len(status.workers) - 1}")
+    if isinstance(event, SEQ_EVENTS) and (not isinstance(event.seq, int) or event.seq < 0):
+        raise MalformedEvent(f"negative or non-integer sequence number {event.seq!r}")
+    if isinstance(event, Ack) and not event.incarnation:
+        raise MalformedEvent("an Ack must carry a non-empty incarnation")
+    if isinstance(event, CheckpointDone) and event.step < 0:
+        raise MalformedEvent(f"negative checkpoint step {event.step}")
+
+
+def _on_ack(status: Status, ev: Ack, now: float) -> Result:
+    pod = status.workers[ev.rank]
+    if ev.seq > status.seq and status.phase is not Phase.PENDING:
+        return _ignore(status, Ignored.FUTURE, f"Ack(rank {ev.rank}) for seq {ev.seq} > {status.seq}")
+    seq = min(max(pod.seq, ev.seq), status.seq)
+    new_incarnation = pod.incarnation is not None and ev.incarnation != pod.incarnation
+    pod = replace(pod, seq=seq, updated=now, node=ev.node or pod.node,
+                  pod_ip=ev.pod_ip or pod.pod_ip)
+    phase = status.phase
+
+    if phase is Phase.PENDING:  # Pending exception: any seq
+        first = pod.incarnation is None
+        pod = replace(pod, incarnation=ev.incarnation)
+        status = _set(status, pod)
+        if all(p.incarnation is not None for p in status.workers):
+            return _broadcast(status, Phase.BOOTCHECKING, "T1", "T1: every worker acked")
+        return status, ([Log(f"rank {ev.rank} acked")] if first or new_incarnation else [])
+
+    if phase.terminal:  # nothing changes any more; a lagging worker still learns the end
+        return status, _resend(status, pod)
+
+    if pod.restarting:
+        back = new_incarnation or pod.exit_code is None
+        if not back:  # old pod still there: it must make its exit first
+            status = _set(status, pod)
+            return status, _resend(status, pod)
+        return _return_worker(status, replace(pod, incarnation=ev.incarnation))
+
+    if new_incarnation:
+        if phase is Phase.RUNCOMMAND:
+            if pod.finished:  # a worker that finished may go; its new pod changes nothing
+                status = _set(status, replace(pod, incarnation=ev.incarnation))
+                return status, [Log(f"rank {ev.rank} restarted after finishing")]
+            status = _set(status, replace(pod, incarnation=ev.incarnation))
+            return _counted_failure(status, ev.rank, "restarted", "T6", Phase.RESTARTING)
+        status = _set(status, replace(pod, incarnation=ev.incarnation))
+        return _replace_worker(status, ev.rank, "restarted", "T7")
+
+    status = _set(status, pod)
+    return status, _resend(status, pod)
+
+
+def _return_worker(status: Status, pod: PodInfo) -> Result:
+    """A restarting worker is back; T8 when every restarting worker is."""
+    pod = replace(pod, restarting=False, exit_code=None)
+    status = _set(status, pod)
+    if any(p.restarting for p in status.workers):
+        return status, [Log(f"rank {pod.rank} is back"), *_resend(status, pod)]
+    if status.ran:
+        return _broadcast(status, Phase.TROUBLESHOOTING, "T8",
+                          "T8: every restarting worker is back; troubleshoot")
+    return _broadcast(status, Phase.BOOTCHECKING, "T8",
+                      "T8: every restarting worker is back; bootcheck")
+
+
+def _on_lost(status: Status, ev: Lost) -> Result:
+    pod = status.workers[ev.rank]
+    phase = status.phase
+    if phase is Phase.PENDING:  # T7p
+        if pod.incarnation is None:
+            return _ignore(status, Ignored.LATE, f"rank {ev.rank} lost before it acked")
+        return _set(status, replace(pod, incarnation=None)), [
+            Log(f"T7p: rank {ev.rank} lost before start; waiting for it again",
+                transition="T7p")]
+    if phase.terminal:
+        return _ignore(status, Ignored.LATE, f"rank {ev.rank} lost after the job ended")
+    if pod.restarting:
+        return _ignore(status, Ignored.LATE, f"rank {ev.rank} lost while already restarting")
+    if phase is Phase.RUNCOMMAND:
+        if pod.finished:
+            return _ignore(status, Ignored.LATE, f"rank {ev.rank} finished and left")
+        return _counted_failure(status, ev.rank, "lost", "T6", Phase.RESTARTING)
+    return _replace_worker(status, ev.rank, "lost", "T7")
+
+
+def _on_finish(status: Status, ev: Finish) -> Result:
+    phase = status.phase
+    pod = replace(status.workers[ev.rank], finish_seq=ev.seq)
+    if phase not in (Phase.BOOTCHECKING, Phase.TROUBLESHOOTING, Phase.RUNCOMMAND):
+        return _ignore(status, Ignored.LATE, f"Finish(rank {ev.rank}) in {phase.value}")
+    if pod.finished:
+        return _ignore(status, Ignored.LATE, f"Finish(rank {ev.rank}): already finished")
+    if not ev.ok and ev.fault is not FaultClass.SLOW:
+        if phase is Phase.RUNCOMMAND:
+            return _ignore(status, Ignored.LATE, "Finish(not ok) while running: failures are Errors")
+        status = _set(status, pod)
+        detail = ev.detail or (ev.fault.value if ev.fault else "check failed")
+        if phase is Phase.TROUBLESHOOTING and ev.fault is FaultClass.CONTAINER:
+            return _replace_worker(status, ev.rank, detail, "T10c",
+                                   exit_code=ExitCode.CONTAINER_RESTART)
+        row = "T3" if phase is Phase.BOOTCHECKING else "T10"
+        return _replace_worker(status, ev.rank, detail, row, exit_code=ExitCode.NODE_FAULT)
+    # ok (a slow node is marked only: DESIGN.md, decision table)
+    inner = Phase.SUCCEED if phase is Phase.RUNCOMMAND else phase
+    reason = ev.detail if ev.fault is FaultClass.SLOW else pod.last_reason
+    status = _set(status, replace(pod, finished=True, phase=inner, last_reason=reason))
+    if not all(p.finished for p in status.workers):
+        return status, [Log(f"rank {ev.rank} finished {phase.value}")]
+    if phase is Phase.RUNCOMMAND:  # T4
+        seq = status.seq + 1
+        workers = tuple(replace(p, phase=Phase.SUCCEED) for p in status.workers)
+        new = replace(status, phase=Phase.SUCCEED, seq=seq, workers=workers, should_quit=True)
+        return new, [Log("T4: every worker finished; job succeeded", transition="T4"),
+                     Broadcast(Order.QUIT, seq, Outcome.SUCCESS)]
+    if phase is Phase.TROUBLESHOOTING:  # T9: retries aligned to recoverCount
+        workers = tuple(replace(p, retries=status.recover_count) for p in status.workers)
+        status = replace(status, workers=workers)
+        row = "T9"
+    else:
+        row = "T2"
+    workers = tuple(replace(p, flaps=0) for p in status.workers)
+    status = replace(status, workers=workers, ran=True)
+    return _broadcast(status, Phase.RUNCOMMAND, row, f"{row}: every check passed; run")
+
+
+def _on_error(status: Status, ev: Error) -> Result:
+    pod = replace(status.workers[ev.rank], error_seq=ev.seq)
+    if status.phase is not Phase.RUNCOMMAND:
+        return _ignore(status, Ignored.LATE, f"Error(rank {ev.rank}) in {status.phase.value}")
+    if pod.finished:
+        return _ignore(status, Ignored.LATE, f"Error(rank {ev.rank}) after it finished")
+    status = _set(status, pod)
+    return _counted_failure(status, ev.rank, ev.cause or "error", "T5", Phase.TROUBLESHOOTING)
+
+
+def _on_hang(status: Status, ev: Hang | HangWithQuit) -> Result:
+    pod = status.workers[ev.rank]
+    if status.phase is not Phase.RUNCOMMAND or pod.finished:
+        return _ignore(status, Ignored.LATE, f"{_name(ev)} in {status.phase.value}")
+    if isinstance(ev, HangWithQuit):  # T14
+        return _counted_failure(status, ev.rank, "hang", "T14", Phase.TROUBLESHOOTING)
+    if pod.hanging:  # T13, idempotent
+        return _ignore(status, Ignored.DUPLICATE, f"rank {ev.rank} is already marked hanging")
+    return _set(status, replace(pod, hanging=True)), [
+        Log(f"T13: rank {ev.rank} looks hung; process kept", level="warning", transition="T13")]
+
+
+__all__ = [
+    "Ack", "Broadcast", "CheckpointDone", "ConnectTimeout", "Effect", "Error", "Event",
+    "ExitCode", "ExitWorker", "FaultClass", "Finish", "Hang", "HangWithQuit", "Ignored",
+    "LIVE_PHASES", "Log", "Lost", "MalformedEvent", "Order", "Outcome", "Persist", "Phase",
+    "PodInfo", "Quarantine", "Send", "Status", "Stop", "TERMINAL_PHASES", "current_order",
+    "initial_status", "step",
+]

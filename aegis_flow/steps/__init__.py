@@ -1,0 +1,1 @@
+"""aegis_flow.steps."""
