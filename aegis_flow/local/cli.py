@@ -1,0 +1,202 @@
+"""Subcommands of the local runtime: ``run``, ``worker``, ``master``, ``status``, ``stop``.
+
+Thin: parse, validate, call the library. Side effects: those of the functions called.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from aegis_flow import protocol as p
+
+SubParsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _job_name(text: str) -> str:
+    try:
+        return p.check_name("job", text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def add_parsers(sub: Any) -> None:
+    r = sub.add_parser(
+        "run", help="run a job locally: embedded NATS, a master and N supervised workers",
+        usage="aegis-flow run --workers N [options] -- CMD [ARG ...]",
+        description="Run CMD as N ranks on this machine under fault tolerance: a killed or "
+        "failing rank is detected, diagnosed and every rank restarted in place, up to "
+        "--max-retry times. Exits 0 when the job succeeded, 1 when it failed.")
+    r.add_argument("--workers", type=_count, required=True, help="number of ranks")
+    r.add_argument("--max-retry", type=_count, default=3, help="max restarts (default 3)")
+    r.add_argument("--job", type=_job_name, default="job", help="job name (default 'job')")
+    r.add_argument("--namespace", type=_job_name, default="default")
+    r.add_argument("--nats-url", help="use this NATS server instead of an embedded one")
+    r.add_argument("--state-dir", type=Path, default=Path(".aegis"),
+                   help="where the NATS store, work dir and pid file go (default .aegis)")
+    r.add_argument("--inject", action="append", default=[], metavar="SPEC",
+                   help="inject a real fault: crash:rank=1:after=5s (SIGKILL) or "
+                   "exit:rank=0:code=3:after=8s; add :epoch=N|all; repeatable")
+    r.add_argument("--connect-timeout", type=float, default=60.0,
+                   help="seconds for every worker to connect before all run without the "
+                   "master (default 60)")
+    r.add_argument("--lost-timeout", type=float, default=3.0,
+                   help="seconds without a heartbeat before a worker is lost (default 3)")
+    r.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG ...]")
+    r.set_defaults(handler=_run)
+
+    w = sub.add_parser("worker", add_help=False,
+                       help="the worker entrypoint (supervisor): aegis-flow worker -- CMD ...")
+    w.add_argument("args", nargs=argparse.REMAINDER)
+    w.set_defaults(handler=lambda a: _worker(a.args))
+
+    m = sub.add_parser("master", add_help=False, help="run one job's master (used by run/Argo)")
+    m.add_argument("args", nargs=argparse.REMAINDER)
+    m.set_defaults(handler=lambda a: _master(a.args))
+
+    s = sub.add_parser("status", help="show a job's phase, workers, retries and last events")
+    s.add_argument("job", nargs="?", default="job", type=_job_name)
+    s.add_argument("--namespace", type=_job_name, default="default")
+    s.add_argument("--state-dir", type=Path, default=Path(".aegis"))
+    s.add_argument("--nats-url", help="NATS server (default: the one recorded in --state-dir)")
+    s.add_argument("--json", action="store_true", help="print the stored status as JSON")
+    s.set_defaults(handler=_status)
+
+    t = sub.add_parser("stop", help="stop a job cleanly (every worker quits; T12)")
+    t.add_argument("job", type=_job_name)
+    t.add_argument("--namespace", type=_job_name, default="default")
+    t.add_argument("--state-dir", type=Path, default=Path(".aegis"))
+    t.add_argument("--nats-url")
+    t.add_argument("--reason", default="stopped by an operator")
+    t.set_defaults(handler=_stop)
+
+
+def _worker(args: list[str]) -> int:
+    from aegis_flow.supervisor.__main__ import main
+
+    return main(args)
+
+
+def _master(args: list[str]) -> int:
+    from aegis_flow.master.__main__ import main
+
+    return main(args)
+
+
+def _run(a: argparse.Namespace) -> int:
+    from aegis_flow.local.runner import RunConfig, run_job
+    from aegis_flow.supervisor.inject import Injection, InjectionError
+
+    command = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if not command:
+        print("aegis-flow run: no command given; put it after '--', e.g. "
+              "aegis-flow run --workers 2 -- python train.py", file=sys.stderr)
+        return 2
+    if a.workers < 1:
+        print("aegis-flow run: --workers must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        for spec in a.inject:
+            inj = Injection.parse(spec)
+            if inj.rank >= a.workers:
+                raise InjectionError(f"{spec!r}: rank {inj.rank} does not exist "
+                                     f"(ranks 0..{a.workers - 1})")
+    except InjectionError as exc:
+        print(f"aegis-flow run: --inject {exc}", file=sys.stderr)
+        return 2
+    cfg = RunConfig(command=tuple(command), workers=a.workers, max_retry=a.max_retry,
+                    job=a.job, namespace=a.namespace, nats_url=a.nats_url,
+                    state_dir=a.state_dir, injections=tuple(a.inject),
+                    connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout)
+    return run_job(cfg)
+
+
+def _url(a: argparse.Namespace) -> str | None:
+    if a.nats_url:
+        return str(a.nats_url)
+    path = a.state_dir / a.job / "nats.url"
+    return path.read_text().strip() if path.exists() else None
+
+
+async def _fetch(url: str, subjects: p.Subjects) -> bytes | None:
+    import nats
+
+    from aegis_flow.master.store import KVStore
+
+    nc = await asyncio.wait_for(nats.connect(url, connect_timeout=2,
+                                             max_reconnect_attempts=0), 5)
+    try:
+        store = await KVStore.open(nc, subjects.kv_bucket, create=False)
+        raw, _ = await store.load()
+        return raw
+    except Exception:  # noqa: BLE001 - no bucket: no such job
+        return None
+    finally:
+        await nc.close()
+
+
+def _status(a: argparse.Namespace) -> int:
+    from aegis_flow.local.status import render
+
+    url = _url(a)
+    if url is None:
+        print(f"aegis-flow status: no NATS URL for job {a.job!r} in {a.state_dir} "
+              "(is it running? pass --nats-url)", file=sys.stderr)
+        return 2
+    try:
+        raw = asyncio.run(_fetch(url, p.Subjects(a.namespace, a.job)))
+    except Exception as exc:  # noqa: BLE001
+        print(f"aegis-flow status: cannot reach NATS at {url}: {exc}", file=sys.stderr)
+        return 2
+    if raw is None:
+        print(f"aegis-flow status: no job {a.namespace}/{a.job} on {url}", file=sys.stderr)
+        return 1
+    if a.json:
+        print(json.dumps(json.loads(raw), indent=2, sort_keys=True))
+    else:
+        print(render(raw))
+    return 0
+
+
+def _stop(a: argparse.Namespace) -> int:
+    import time
+
+    url = _url(a)
+    if url is None:
+        print(f"aegis-flow stop: no NATS URL for job {a.job!r}; pass --nats-url",
+              file=sys.stderr)
+        return 2
+    subjects = p.Subjects(a.namespace, a.job)
+    msg = p.Message(job=a.job, namespace=a.namespace, pod_name="operator", type=p.MsgType.STOP,
+                    data={"reason": a.reason}, timestamp=time.time())
+
+    async def send() -> None:
+        import nats
+
+        nc = await asyncio.wait_for(nats.connect(url, connect_timeout=2,
+                                                 max_reconnect_attempts=0), 5)
+        await nc.publish(subjects.control, msg.encode())
+        await nc.flush()
+        await nc.close()
+
+    try:
+        asyncio.run(send())
+    except Exception as exc:  # noqa: BLE001
+        print(f"aegis-flow stop: cannot reach NATS at {url}: {exc}", file=sys.stderr)
+        return 2
+    print(f"asked job {a.namespace}/{a.job} to stop")
+    return 0

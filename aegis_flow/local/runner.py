@@ -1,0 +1,216 @@
+"""``aegis-flow run``: one job on one machine — embedded NATS, a master and N supervisors.
+
+Side effects: starts and stops processes (nats-server, the master, one supervisor per rank),
+writes the state dir (``nats.url``, ``pids.json``, the NATS store). Plays the part Kubernetes
+plays on a cluster: a supervisor that exits with the node-fault or container-restart code, or
+dies, is started again as a new incarnation (a node fault on a new "node"); a master that dies
+is started again and resumes from the stored status. Nothing is left running on any exit path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aegis_flow.master.machine import ExitCode
+from aegis_flow.supervisor.child import _die_with_parent
+
+REPLACE_CODES = {int(ExitCode.NODE_FAULT), int(ExitCode.CONTAINER_RESTART)}
+MASTER_DONE_CODES = {0, 1, 2, 3, 4}  # succeed, failed, conflict, independent, no NATS
+INDEPENDENT_CODES = {3, 4}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    command: tuple[str, ...]
+    workers: int
+    max_retry: int = 3
+    job: str = "job"
+    namespace: str = "default"
+    nats_url: str | None = None  # None: embedded server
+    state_dir: Path = Path(".aegis")
+    injections: tuple[str, ...] = ()
+    connect_timeout: float = 60.0
+    lost_timeout: float = 3.0
+    heartbeat: float = 0.5
+    grace: float = 5.0
+    max_process_restarts: int = 20
+    extra_master_args: tuple[str, ...] = ()
+    extra_worker_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"[aegis-flow] {text}\n")
+    sys.stderr.flush()
+
+
+def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(args, env=env, start_new_session=True,
+                            preexec_fn=_die_with_parent)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], grace: float) -> None:
+    """SIGTERM every live process group, wait up to ``grace``, then SIGKILL the rest."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    for p in live:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not ignorable
+            pass
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class LocalJob:
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.state_dir = cfg.state_dir / cfg.job
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **cfg.env}
+        self.master: subprocess.Popen[bytes] | None = None
+        self.workers: dict[int, subprocess.Popen[bytes]] = {}
+        self.worker_codes: dict[int, int] = {}
+        self.node_gen: dict[int, int] = {}
+        self.restarts = 0
+        self.url = ""
+
+    def _master_args(self) -> list[str]:
+        c = self.cfg
+        return [sys.executable, "-m", "aegis_flow.master", "--job", c.job, "--namespace",
+                c.namespace, "--workers", str(c.workers), "--max-retry", str(c.max_retry),
+                "--nats-url", self.url, "--connect-timeout", str(c.connect_timeout),
+                "--lost-timeout", str(c.lost_timeout), *c.extra_master_args]
+
+    def _worker_args(self, rank: int) -> list[str]:
+        c = self.cfg
+        node = f"local-node-{rank}" + (f"-{self.node_gen[rank]}" if self.node_gen.get(rank) else "")
+        injects = [a for s in c.injections for a in ("--inject", s)]
+        return [sys.executable, "-m", "aegis_flow.supervisor", "--job", c.job, "--namespace",
+                c.namespace, "--rank", str(rank), "--world-size", str(c.workers), "--nats-url",
+                self.url, "--node", node, "--heartbeat", str(c.heartbeat), "--grace",
+                str(c.grace), "--work-dir", str(self.state_dir / "work"), *injects,
+                *c.extra_worker_args, "--", *c.command]
+
+    def _write_pids(self) -> None:
+        pids = {"runner": os.getpid(), "master": self.master.pid if self.master else None,
+                "workers": {str(r): p.pid for r, p in self.workers.items()}}
+        tmp = self.state_dir / "pids.json.tmp"
+        tmp.write_text(json.dumps(pids))
+        os.replace(tmp, self.state_dir / "pids.json")
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        raise _Interrupted(signum)
+
+    def run(self) -> int:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "work").mkdir(exist_ok=True)
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        server = None
+        try:
+            if self.cfg.nats_url is None:
+                from aegis_flow.local.natsserver import EmbeddedNats
+
+                server = EmbeddedNats(store_dir=str(self.state_dir / "nats"))
+                server.start()
+                self.url = server.url
+            else:
+                self.url = self.cfg.nats_url
+            (self.state_dir / "nats.url").write_text(self.url + "\n")
+            _say(f"job {self.cfg.job}: {self.cfg.workers} workers, max-retry "
+                 f"{self.cfg.max_retry}, NATS {self.url}, state in {self.state_dir}")
+            self.master = _spawn(self._master_args(), self.env)
+            for rank in range(self.cfg.workers):
+                self.workers[rank] = _spawn(self._worker_args(rank), self.env)
+            self._write_pids()
+            return self._loop()
+        except _Interrupted as exc:
+            _say(f"interrupted by {signal.Signals(exc.signum).name}; stopping every process")
+            return 128 + exc.signum
+        finally:
+            procs = [*self.workers.values()] + ([self.master] if self.master else [])
+            _stop(procs, self.cfg.grace + 2)
+            if server is not None:
+                server.stop()
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def _loop(self) -> int:
+        master_code: int | None = None
+        deadline = float("inf")
+        while True:
+            assert self.master is not None
+            rc = self.master.poll()
+            if rc is not None and master_code is None:
+                if rc in MASTER_DONE_CODES:
+                    master_code = rc
+                    if rc not in INDEPENDENT_CODES:  # the workers were told to quit
+                        deadline = time.monotonic() + self.cfg.grace + 10
+                else:  # the master died: start it again; it resumes from the stored status
+                    self._restart("master", rc)
+                    self.master = _spawn(self._master_args(), self.env)
+                    self._write_pids()
+            for rank, proc in list(self.workers.items()):
+                code = proc.poll()
+                if code is None or rank in self.worker_codes:
+                    continue
+                replaced = code in REPLACE_CODES or code < 0  # asked to, or killed
+                if not replaced or master_code is not None:
+                    self.worker_codes[rank] = code
+                    continue
+                if code == ExitCode.NODE_FAULT:
+                    self.node_gen[rank] = self.node_gen.get(rank, 0) + 1
+                self._restart(f"worker {rank}", code)
+                self.workers[rank] = _spawn(self._worker_args(rank), self.env)
+                self._write_pids()
+            if master_code is not None and (len(self.worker_codes) == self.cfg.workers
+                                            or time.monotonic() > deadline):
+                return self._outcome(master_code)
+            time.sleep(0.05)
+
+    def _restart(self, what: str, code: int) -> None:
+        self.restarts += 1
+        if self.restarts > self.cfg.max_process_restarts:
+            raise RuntimeError(f"gave up: processes were restarted {self.restarts} times")
+        why = f"signal {-code}" if code < 0 else f"exit code {code}"
+        _say(f"{what} ended ({why}); starting it again")
+
+    def _outcome(self, master_code: int) -> int:
+        if master_code in INDEPENDENT_CODES:  # the workers' exit codes decide
+            bad = [c for _, c in sorted(self.worker_codes.items()) if c != 0]
+            code = bad[0] if bad else 0
+            _say(f"job ran without fault tolerance; exit code {code}")
+            return code
+        if master_code == 0:
+            _say("job succeeded")
+            return 0
+        _say(f"job failed (master exit code {master_code})")
+        return 1
+
+
+def run_job(cfg: RunConfig) -> int:
+    return LocalJob(cfg).run()

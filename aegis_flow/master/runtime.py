@@ -1,0 +1,247 @@
+"""The master's asyncio shell: NATS in → ``machine.step`` → carry out the effects.
+
+Side effects (all here, nowhere in the core): a NATS connection, the JetStream KV store
+(``store.py``), timers (heartbeat loss, connect timeout, replacement deadline), log output.
+The status is persisted after every transition, before any order goes out; a master restarted
+mid-run resumes from the stored status while the workers keep training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aegis_flow import protocol as p
+from aegis_flow.master import machine as m
+from aegis_flow.master.store import KVStore, Store, StoreConflict, decode_doc, encode_doc
+
+log = logging.getLogger("aegis_flow.master")
+
+
+@dataclass(frozen=True)
+class MasterConfig:
+    job: str
+    workers: int
+    max_retry: int = 3
+    namespace: str = "default"
+    nats_url: str = "nats://127.0.0.1:4222"
+    flap_limit: int = 3
+    connect_timeout: float = 60.0  # Pending → Independent (T15)
+    lost_timeout: float = 3.0  # no heartbeat for this long → Lost
+    replace_timeout: float = 120.0  # Restarting longer than this → Stop (T12)
+    linger: float = 5.0  # after the end: keep re-sending the final order to laggards
+    tick: float = 0.05
+    rendezvous_addr: str = "127.0.0.1"
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((addr, 0))
+        return int(s.getsockname()[1])
+
+
+class Master:
+    def __init__(self, cfg: MasterConfig, *, store: Store | None = None) -> None:
+        self.cfg = cfg
+        self.subjects = p.Subjects(cfg.namespace, cfg.job)
+        self.store = store
+        self.status = m.initial_status(cfg.workers, cfg.max_retry, flap_limit=cfg.flap_limit)
+        self.revision = 0
+        self.nc: Any = None
+        self.last_seen: dict[int, float] = {}
+        self.phase_since = time.monotonic()
+        self.started = time.monotonic()
+        self.events: collections.deque[str] = collections.deque(maxlen=30)
+        self.stats: collections.Counter[str] = collections.Counter()
+        self.ended_at: float | None = None
+        self.lock = asyncio.Lock()
+        self.applied: list[tuple[str, float]] = []  # (event type, wall time applied): benchmarks
+        self._ports: dict[int, int] = {}
+
+    # -- persistence ------------------------------------------------------------------------
+    def _doc(self) -> bytes:
+        return encode_doc(self.status, events=list(self.events), stats=dict(self.stats),
+                          updated=time.time(), max_retry=self.cfg.max_retry)
+
+    async def _persist(self) -> None:
+        if self.store is not None:
+            self.revision = await self.store.save(self._doc(), self.revision)
+
+    async def _load(self) -> None:
+        if self.store is None:
+            return
+        raw, rev = await self.store.load()
+        if raw is None:
+            await self._persist()
+            return
+        status, doc = decode_doc(raw)
+        if len(status.workers) != self.cfg.workers:
+            raise ValueError(f"stored job has {len(status.workers)} workers, not "
+                             f"{self.cfg.workers}")
+        self.status, self.revision = status, rev
+        self.events.extend(doc.get("events", []))
+        self.stats.update(doc.get("stats", {}))
+        self._note(f"resumed from stored status: {status.phase.value}, seq {status.seq}, "
+                   f"retries {status.retries}")
+
+    def _note(self, text: str, level: int = logging.INFO) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        self.events.append(f"{stamp} {text}")
+        log.log(level, text)
+
+    # -- the one executor -------------------------------------------------------------------
+    async def apply(self, event: m.Event) -> None:
+        async with self.lock:
+            before = self.status.phase
+            new, effects = m.step(self.status, event, now=time.time())
+            self.status = new
+            self.applied.append((type(event).__name__, time.time()))
+            if before is not new.phase:
+                self.phase_since = time.monotonic()
+                if new.phase.terminal:
+                    self.ended_at = time.monotonic()
+            for effect in effects:
+                await self._execute(effect)
+
+    async def _execute(self, effect: m.Effect) -> None:
+        now = time.time()
+        if isinstance(effect, m.Persist):
+            await self._persist()
+        elif isinstance(effect, m.Log):
+            if effect.ignored is None:
+                self._note(effect.message, logging.getLevelName(effect.level.upper()))
+            else:
+                self.stats[f"ignored_{effect.ignored.value}"] += 1
+                log.debug(effect.message)
+        elif isinstance(effect, m.Broadcast):
+            await self._publish(self.subjects.broadcast, effect, now)
+        elif isinstance(effect, m.Send):
+            await self._publish(self.subjects.worker(effect.rank), effect, now)
+        elif isinstance(effect, m.ExitWorker):
+            await self._publish(self.subjects.worker(effect.rank), effect, now)
+        elif isinstance(effect, m.Quarantine):
+            self.stats["quarantined"] += 1
+            self._note(f"node {effect.node} of rank {effect.rank} quarantined", logging.WARNING)
+
+    async def _publish(self, subject: str, effect: m.Broadcast | m.Send | m.ExitWorker,
+                       now: float) -> None:
+        extra: dict[str, Any] = {}
+        order = effect.order if not isinstance(effect, m.ExitWorker) else m.Order.EXIT
+        if order in (m.Order.RUN, m.Order.RUN_INDEPENDENT):
+            extra = self._run_extra(effect.seq)
+        msg = p.order_message(self.subjects, effect, now=now, extra=extra)
+        await self.nc.publish(subject, msg.encode())
+
+    def _run_extra(self, seq: int) -> dict[str, Any]:
+        """Every run epoch gets a fresh rendezvous: a port derived from nothing stale."""
+        port = self._ports.get(seq)
+        if port is None:
+            port = free_port(self.cfg.rendezvous_addr)
+            self._ports = {seq: port}
+        return {"rendezvous": {"addr": self.cfg.rendezvous_addr, "port": port},
+                "restart_count": self.status.recover_count}
+
+    # -- input ------------------------------------------------------------------------------
+    async def on_message(self, raw: bytes) -> None:
+        try:
+            msg = p.decode(raw, job=self.cfg.job, namespace=self.cfg.namespace)
+            event = p.to_event(msg)
+        except p.ProtocolError as exc:
+            self.stats["foreign" if exc.foreign else "invalid"] += 1
+            log.warning("dropped a message: %s", exc.reason)
+            return
+        if isinstance(event, m.CheckpointDone | m.Stop):
+            pass
+        elif not 0 <= msg.rank < self.cfg.workers:
+            self.stats["invalid"] += 1
+            log.warning("dropped a message from unknown rank %r", msg.rank)
+            return
+        else:
+            self.last_seen[msg.rank] = time.monotonic()
+        try:
+            await self.apply(event)
+        except m.MalformedEvent as exc:
+            self.stats["invalid"] += 1
+            log.warning("dropped a malformed event: %s", exc)
+
+    async def _cb(self, msg: Any) -> None:
+        await self.on_message(msg.data)
+
+    # -- timers -----------------------------------------------------------------------------
+    async def tick(self) -> None:
+        now = time.monotonic()
+        st = self.status
+        if st.phase is m.Phase.PENDING and now - self.started > self.cfg.connect_timeout:
+            await self.apply(m.ConnectTimeout())
+            return
+        if st.phase is m.Phase.RESTARTING and now - self.phase_since > self.cfg.replace_timeout:
+            missing = [p.rank for p in st.workers if p.restarting]
+            await self.apply(m.Stop(f"rank(s) {missing} not back within "
+                                    f"{self.cfg.replace_timeout:.0f} s"))
+            return
+        if st.phase.terminal:
+            return
+        for pod in st.workers:
+            if pod.incarnation is None or pod.restarting:
+                continue
+            seen = self.last_seen.get(pod.rank, self.started)
+            if now - seen > self.cfg.lost_timeout:
+                self.last_seen[pod.rank] = now  # one Lost per silence
+                await self.apply(m.Lost(pod.rank))
+
+    async def run(self) -> int:
+        """Serve until the job ends: 0 succeeded, 1 failed, 2 conflict, 3 independent,
+        4 NATS unreachable."""
+        import nats
+
+        try:
+            self.nc = await asyncio.wait_for(nats.connect(
+                self.cfg.nats_url, ping_interval=2, max_outstanding_pings=3,
+                max_reconnect_attempts=-1, reconnect_time_wait=0.5, allow_reconnect=True,
+                connect_timeout=2), timeout=10)
+        except Exception as exc:  # noqa: BLE001 - no NATS: the workers will run on their own
+            log.error("cannot reach NATS at %s (%s): workers fall back to plain runs",
+                      self.cfg.nats_url, exc)
+            return 4
+        try:
+            if self.store is None:
+                self.store = await KVStore.open(self.nc, self.subjects.kv_bucket)
+            await self._load()
+            self.started = self.phase_since = time.monotonic()
+            await self.nc.subscribe(self.subjects.master, cb=self._cb)
+            await self.nc.subscribe(self.subjects.control, cb=self._cb)
+            while True:
+                await self.tick()
+                if self.ended_at is not None and (
+                        time.monotonic() - self.ended_at > self.cfg.linger or self._all_gone()):
+                    break
+                if self.status.phase.terminal and self.ended_at is None:
+                    self.ended_at = time.monotonic()  # resumed after the end
+                await asyncio.sleep(self.cfg.tick)
+        except StoreConflict as exc:
+            log.error("another master owns job %s: %s", self.cfg.job, exc)
+            return 2
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.nc.drain(), 2)
+        self._note(summary(self.status))
+        return {m.Phase.SUCCEED: 0, m.Phase.FAILED: 1, m.Phase.INDEPENDENT: 3}.get(
+            self.status.phase, 1)
+
+    def _all_gone(self) -> bool:
+        now = time.monotonic()
+        return all(now - self.last_seen.get(r, 0.0) > 3 * self.cfg.tick + 1.0
+                   for r in range(self.cfg.workers))
+
+
+def summary(status: m.Status) -> str:
+    """The user's one-line summary (DESIGN.md §2, observability)."""
+    return (f"job {status.phase.value}: max restarts {status.max_retry}, restarted "
+            f"{status.recover_count} times; hardware faults rescheduled "
+            f"{len(status.error_nodes)} times")

@@ -1,0 +1,202 @@
+"""Wire protocol between the master and the supervisors: messages, subjects, encode/decode.
+
+PURE and light: standard library plus the pure core (``master.machine``) only, because the
+supervisor imports it and must stay injectable into any image (DESIGN.md §3).
+
+The message is the article's ``{AegisName, AegisNamespace, podName, type, phase, data,
+timeStamp}`` plus ``seq``, ``incarnation``, ``version`` and ``rank``. ``podName == "master"``
+marks a message from the master.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from aegis_flow.master import machine as m
+
+VERSION = 1
+MAX_MESSAGE_BYTES = 64 * 1024
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+class MsgType(enum.Enum):
+    ACK = "ACK"  # hello and heartbeat (state-based: carries seq, inner phase, last result)
+    ORDER = "Order"
+    FINISH = "Finish"
+    ERROR = "Error"
+    HANG = "Hang"
+    HANG_WITH_QUIT = "HangWithQuit"
+    CHECKPOINT = "Checkpoint"
+    STOP = "Stop"  # operator request (aegis-flow stop)
+
+
+class ProtocolError(ValueError):
+    """A message that cannot be decoded or does not belong here. Permanent: drop and count."""
+
+    def __init__(self, reason: str, *, foreign: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.foreign = foreign
+
+
+def check_name(kind: str, value: str) -> str:
+    """Job and namespace names are DNS labels (they become NATS subjects and k8s names)."""
+    if not _NAME.match(value):
+        raise ValueError(
+            f"invalid {kind} name {value!r}: use 1-63 lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit")
+    return value
+
+
+@dataclass(frozen=True)
+class Subjects:
+    """NATS subjects of one job; everything lives under ``aegis.<namespace>.<job>.>``."""
+
+    namespace: str
+    job: str
+
+    @property
+    def prefix(self) -> str:
+        return f"aegis.{self.namespace}.{self.job}"
+
+    @property
+    def master(self) -> str:
+        return f"{self.prefix}.master"
+
+    @property
+    def broadcast(self) -> str:
+        return f"{self.prefix}.broadcast"
+
+    @property
+    def control(self) -> str:
+        return f"{self.prefix}.control"
+
+    def worker(self, rank: int) -> str:
+        return f"{self.prefix}.worker.{rank}"
+
+    @property
+    def kv_bucket(self) -> str:
+        return f"aegis_{self.namespace}_{self.job}".replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Message:
+    job: str
+    namespace: str
+    pod_name: str
+    type: MsgType
+    rank: int = -1
+    seq: int = 0
+    incarnation: str = ""
+    phase: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+    timestamp: float = 0.0
+    version: int = VERSION
+
+    def encode(self) -> bytes:
+        return json.dumps({
+            "AegisName": self.job,
+            "AegisNamespace": self.namespace,
+            "podName": self.pod_name,
+            "type": self.type.value,
+            "rank": self.rank,
+            "seq": self.seq,
+            "incarnation": self.incarnation,
+            "phase": self.phase,
+            "data": self.data,
+            "timeStamp": self.timestamp,
+            "version": self.version,
+        }, separators=(",", ":")).encode()
+
+
+def decode(raw: bytes, *, job: str | None = None, namespace: str | None = None) -> Message:
+    """Parse and validate one message; raise ProtocolError saying what is wrong."""
+    if len(raw) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"message of {len(raw)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("not a JSON object")
+    version = obj.get("version")
+    if version != VERSION:
+        raise ProtocolError(f"unsupported protocol version {version!r} (expected {VERSION})")
+    try:
+        msg_type = MsgType(obj.get("type"))
+    except ValueError:
+        raise ProtocolError(f"unknown message type {obj.get('type')!r}") from None
+    fields = {
+        "AegisName": str, "AegisNamespace": str, "podName": str, "rank": int, "seq": int,
+        "incarnation": str, "phase": str, "data": dict, "timeStamp": (int, float),
+    }
+    for key, typ in fields.items():
+        value = obj.get(key)
+        if value is None or isinstance(value, bool) or not isinstance(value, typ):
+            raise ProtocolError(f"field {key!r} missing or of the wrong type")
+    if (job is not None and obj["AegisName"] != job) or (
+            namespace is not None and obj["AegisNamespace"] != namespace):
+        raise ProtocolError(
+            f"message for job {obj['AegisNamespace']}/{obj['AegisName']}", foreign=True)
+    if obj["seq"] < 0:
+        raise ProtocolError(f"negative seq {obj['seq']}")
+    return Message(
+        job=obj["AegisName"], namespace=obj["AegisNamespace"], pod_name=obj["podName"],
+        type=msg_type, rank=obj["rank"], seq=obj["seq"], incarnation=obj["incarnation"],
+        phase=obj["phase"], data=obj["data"], timestamp=float(obj["timeStamp"]),
+        version=version,
+    )
+
+
+def to_event(msg: Message) -> m.Event:
+    """A worker or operator message as a state-machine event (ProtocolError if it is none)."""
+    t = msg.type
+    if t is MsgType.ACK:
+        if not msg.incarnation:
+            raise ProtocolError("ACK without incarnation")
+        return m.Ack(msg.rank, msg.incarnation, msg.seq, node=str(msg.data.get("node", "")),
+                     pod_ip=str(msg.data.get("pod_ip", "")))
+    if t is MsgType.FINISH:
+        fault = msg.data.get("fault")
+        try:
+            fault_class = m.FaultClass(fault) if fault else None
+        except ValueError:
+            raise ProtocolError(f"unknown fault class {fault!r}") from None
+        return m.Finish(msg.rank, msg.seq, bool(msg.data.get("ok", False)), fault_class,
+                        str(msg.data.get("detail", ""))[:2000])
+    if t is MsgType.ERROR:
+        return m.Error(msg.rank, msg.seq, str(msg.data.get("cause", "error"))[:200])
+    if t is MsgType.HANG:
+        return m.Hang(msg.rank, msg.seq)
+    if t is MsgType.HANG_WITH_QUIT:
+        return m.HangWithQuit(msg.rank, msg.seq)
+    if t is MsgType.CHECKPOINT:
+        step = msg.data.get("step")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ProtocolError(f"checkpoint without a valid step: {step!r}")
+        return m.CheckpointDone(step)
+    if t is MsgType.STOP:
+        return m.Stop(str(msg.data.get("reason", "stopped by an operator"))[:200])
+    raise ProtocolError(f"a {t.value} message is not an event for the master")
+
+
+def order_message(subjects: Subjects, effect: m.Broadcast | m.Send | m.ExitWorker, *,
+                  now: float, extra: dict[str, Any] | None = None) -> Message:
+    """The wire form of an order effect."""
+    data: dict[str, Any] = dict(extra or {})
+    if isinstance(effect, m.ExitWorker):
+        data.update(order=m.Order.EXIT.value, exit_code=int(effect.code))
+        rank = effect.rank
+    else:
+        data["order"] = effect.order.value
+        if effect.outcome is not None:
+            data["outcome"] = effect.outcome.value
+        rank = effect.rank if isinstance(effect, m.Send) else -1
+        if isinstance(effect, m.Send) and effect.exit_code is not None:
+            data["exit_code"] = int(effect.exit_code)
+    return Message(job=subjects.job, namespace=subjects.namespace, pod_name="master",
+                   type=MsgType.ORDER, rank=rank, seq=effect.seq, data=data, timestamp=now)

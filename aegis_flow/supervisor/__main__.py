@@ -1,0 +1,80 @@
+"""``aegis-flow worker [options] -- CMD ...``: the worker entrypoint (PID 1 safe).
+
+Standard library, nats-py and our light protocol only: this module is what gets injected into
+the user's image. Side effects: those of ``agent.Supervisor.run`` (NATS, the child process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import sys
+
+from aegis_flow.supervisor.agent import Supervisor, WorkerConfig
+from aegis_flow.supervisor.inject import Injection, InjectionError
+
+
+def build_parser(prog: str = "aegis-flow worker") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog=prog, usage=f"{prog} [options] -- CMD [ARG ...]",
+        description="Run CMD under the aegis-flow supervisor: report to the master over NATS, "
+        "obey its orders (run, stop, restart in place, troubleshoot, quit), and fall back to "
+        "running CMD as a plain process when the master cannot be reached.")
+    env = os.environ.get
+    ap.add_argument("--job", default=env("AEGIS_JOB", ""), help="job name (env AEGIS_JOB)")
+    ap.add_argument("--namespace", default=env("AEGIS_NAMESPACE", "default"))
+    ap.add_argument("--rank", type=int, default=int(env("RANK", "-1")), help="rank (env RANK)")
+    ap.add_argument("--world-size", type=int, default=int(env("WORLD_SIZE", "0")),
+                    help="number of workers (env WORLD_SIZE)")
+    ap.add_argument("--nats-url", default=env("AEGIS_NATS_URL", "nats://127.0.0.1:4222"))
+    ap.add_argument("--node", default=env("AEGIS_NODE", socket.gethostname()))
+    ap.add_argument("--pod-ip", default=env("POD_IP", "127.0.0.1"))
+    ap.add_argument("--connect-timeout", type=float, default=10.0,
+                    help="seconds to reach NATS before running CMD without fault tolerance")
+    ap.add_argument("--master-timeout", type=float, default=90.0,
+                    help="seconds to wait for the master's first order before falling back")
+    ap.add_argument("--heartbeat", type=float, default=0.5, help="heartbeat interval (s)")
+    ap.add_argument("--grace", type=float, default=5.0,
+                    help="seconds between SIGTERM and SIGKILL when stopping CMD")
+    ap.add_argument("--work-dir", default=env("AEGIS_WORK_DIR", "."),
+                    help="directory the io check writes to (the checkpoint directory)")
+    ap.add_argument("--inject", action="append", default=[], metavar="SPEC",
+                    help="fault injection for tests: crash:rank=R:after=5s, "
+                    "exit:rank=R:code=3:after=8s (epoch=N|all selects the run epoch)")
+    return ap
+
+
+def parse(argv: list[str], prog: str = "aegis-flow worker") -> WorkerConfig:
+    ap = build_parser(prog)
+    if "--" in argv:
+        i = argv.index("--")
+        opts, command = argv[:i], argv[i + 1:]
+    else:
+        opts, command = argv, []
+    a = ap.parse_args(opts)
+    if not command:
+        ap.error("no command given: put it after '--', e.g. -- python train.py")
+    if not a.job:
+        ap.error("--job is required (or set AEGIS_JOB)")
+    if a.world_size < 1 or not 0 <= a.rank < a.world_size:
+        ap.error(f"--rank {a.rank} must be within 0..world-size-1 (world size {a.world_size})")
+    try:
+        injections = tuple(Injection.parse(s) for s in a.inject)
+    except InjectionError as exc:
+        ap.error(str(exc))
+    return WorkerConfig(command=tuple(command), job=a.job, namespace=a.namespace, rank=a.rank,
+                        world_size=a.world_size, nats_url=a.nats_url, node=a.node,
+                        pod_ip=a.pod_ip, connect_timeout=a.connect_timeout,
+                        master_timeout=a.master_timeout, heartbeat_interval=a.heartbeat,
+                        grace=a.grace, injections=injections, work_dir=a.work_dir)
+
+
+def main(argv: list[str] | None = None, prog: str = "aegis-flow worker") -> int:
+    cfg = parse(list(sys.argv[1:] if argv is None else argv), prog)
+    return asyncio.run(Supervisor(cfg).run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

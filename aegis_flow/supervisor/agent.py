@@ -1,0 +1,291 @@
+"""The worker supervisor ("tini"): talks to the master over NATS and obeys its orders.
+
+Side effects: a NATS connection; starts and stops the training process (``child.py``); writes
+to stdout/stderr; ``run()`` returns the exit code the process should leave with. Imports only
+the standard library, nats-py and our light protocol (DESIGN.md §3: injectable into any image).
+
+State-based protocol (DESIGN.md §2): every heartbeat (an ACK) carries the incarnation, the last
+seq seen and the inner phase; the last Finish/Error for the current seq is repeated with every
+heartbeat until the seq advances, so a lost report only delays progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aegis_flow import protocol as p
+from aegis_flow.supervisor import child as childmod
+from aegis_flow.supervisor.inject import Injection
+
+CheckFn = Callable[[str, "WorkerConfig"], Awaitable[tuple[bool, str | None, str]]]
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    command: tuple[str, ...]
+    job: str
+    rank: int
+    world_size: int
+    namespace: str = "default"
+    nats_url: str = "nats://127.0.0.1:4222"
+    node: str = field(default_factory=socket.gethostname)
+    pod_ip: str = "127.0.0.1"
+    connect_timeout: float = 10.0
+    master_timeout: float = 60.0
+    heartbeat_interval: float = 0.5
+    grace: float = 5.0
+    injections: tuple[Injection, ...] = ()
+    work_dir: str = "."
+    incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+
+def _warn(text: str) -> None:
+    sys.stderr.write(f"[aegis-flow worker] {text}\n")
+    sys.stderr.flush()
+
+
+async def default_checks(kind: str, cfg: WorkerConfig) -> tuple[bool, str | None, str]:
+    """Minimal built-in check: the work directory can be written, synced and read back."""
+    t0 = time.monotonic()
+    try:
+        os.makedirs(cfg.work_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=cfg.work_dir, prefix=".aegis-io-") as fh:
+            payload = os.urandom(1 << 16)
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+            fh.seek(0)
+            if fh.read() != payload:
+                return False, "hardware", "io: data read back differs"
+    except OSError as exc:
+        return False, "hardware", f"io: {exc}"
+    return True, None, f"{kind}: io ok in {1000 * (time.monotonic() - t0):.1f} ms"
+
+
+class Supervisor:
+    def __init__(self, cfg: WorkerConfig, *, checks: CheckFn = default_checks,
+                 drop: Callable[[p.Message], bool] | None = None) -> None:
+        self.cfg = cfg
+        self.subjects = p.Subjects(cfg.namespace, cfg.job)
+        self.checks = checks
+        self.drop = drop  # test hook: a transport that loses some messages
+        self.seq = -1
+        self.phase = "Pending"
+        self.last_report: p.Message | None = None
+        self.child: childmod.Child | None = None
+        self.activity: asyncio.Task[None] | None = None
+        self.exit_code: asyncio.Future[int] | None = None
+        self.nc: Any = None
+        self.last_order_at = 0.0
+
+    # -- messages ---------------------------------------------------------------------------
+    def _msg(self, mtype: p.MsgType, seq: int, data: dict[str, Any]) -> p.Message:
+        return p.Message(job=self.cfg.job, namespace=self.cfg.namespace,
+                         pod_name=f"{self.cfg.job}-worker-{self.cfg.rank}", type=mtype,
+                         rank=self.cfg.rank, seq=max(seq, 0), incarnation=self.cfg.incarnation,
+                         phase=self.phase, data=data, timestamp=time.time())
+
+    async def _publish(self, msg: p.Message) -> None:
+        if self.drop is not None and self.drop(msg):
+            return
+        with contextlib.suppress(Exception):
+            await self.nc.publish(self.subjects.master, msg.encode())
+            await self.nc.flush(timeout=1)
+
+    async def report(self, mtype: p.MsgType, data: dict[str, Any]) -> None:
+        msg = self._msg(mtype, self.seq, data)
+        self.last_report = msg
+        await self._publish(msg)
+
+    async def heartbeat(self) -> None:
+        data = {"node": self.cfg.node, "pod_ip": self.cfg.pod_ip,
+                "child_pid": self.child.pid if self.child and self.child.running else None}
+        await self._publish(self._msg(p.MsgType.ACK, self.seq, data))
+        if self.last_report is not None and self.last_report.seq == self.seq:
+            await self._publish(self.last_report)  # repeat until the seq advances
+
+    # -- orders -----------------------------------------------------------------------------
+    async def on_order(self, raw: bytes) -> None:
+        try:
+            msg = p.decode(raw, job=self.cfg.job, namespace=self.cfg.namespace)
+        except p.ProtocolError as exc:
+            _warn(f"ignored a bad order: {exc.reason}")
+            return
+        if msg.type is not p.MsgType.ORDER or msg.pod_name != "master":
+            return
+        if msg.rank not in (-1, self.cfg.rank):
+            return
+        self.last_order_at = time.monotonic()
+        if msg.seq <= self.seq:
+            return  # duplicate or stale order
+        self.seq = msg.seq
+        self.last_report = None
+        order = str(msg.data.get("order", ""))
+        if self.activity is not None and not self.activity.done():
+            self.activity.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.activity
+        self.activity = asyncio.ensure_future(self._obey(order, msg))
+
+    async def _stop_child(self) -> None:
+        if self.child is not None and self.child.running:
+            await self.child.stop(self.cfg.grace)
+
+    async def _obey(self, order: str, msg: p.Message) -> None:
+        if order in ("bootcheck", "troubleshoot"):
+            self.phase = "BootChecking" if order == "bootcheck" else "Troubleshooting"
+            await self._stop_child()
+            ok, fault, detail = await self.checks(order, self.cfg)
+            await self.report(p.MsgType.FINISH, {"ok": ok, "fault": fault, "detail": detail})
+        elif order == "run":
+            self.phase = "RunCommand"
+            await self._stop_child()
+            await self._run_child(msg)
+        elif order == "hold":
+            self.phase = "Restarting"
+            await self._stop_child()
+        elif order in ("quit", "exit", "run-independent"):
+            await self._stop_child()
+            if order == "run-independent":
+                self._finish(-1)
+                return
+            if order == "exit":
+                code = int(msg.data.get("exit_code", 71))
+            else:
+                code = {"success": 0, "stopped": 74}.get(str(msg.data.get("outcome")), 73)
+            self.phase = "Succeed" if code == 0 else "Failed"
+            self._finish(code)
+        else:
+            _warn(f"ignored unknown order {order!r}")
+
+    def _finish(self, code: int) -> None:
+        if self.exit_code is not None and not self.exit_code.done():
+            self.exit_code.set_result(code)
+
+    def child_env(self, msg: p.Message | None) -> dict[str, str]:
+        env = dict(os.environ)
+        rdzv = msg.data.get("rendezvous", {}) if msg else {}
+        restart = int(msg.data.get("restart_count", 0)) if msg else 0
+        env.update({
+            "RANK": str(self.cfg.rank), "LOCAL_RANK": os.environ.get("LOCAL_RANK", "0"),
+            "WORLD_SIZE": str(self.cfg.world_size),
+            "MASTER_ADDR": str(rdzv.get("addr", os.environ.get("MASTER_ADDR", "127.0.0.1"))),
+            "MASTER_PORT": str(rdzv.get("port", os.environ.get("MASTER_PORT", "29500"))),
+            "AEGIS_RESTART_COUNT": str(restart), "AEGIS_JOB": self.cfg.job,
+            "PYTHONUNBUFFERED": "1",
+        })
+        return env
+
+    async def _run_child(self, msg: p.Message | None) -> None:
+        env = self.child_env(msg)
+        epoch = int(env["AEGIS_RESTART_COUNT"])
+        active = [i for i in self.cfg.injections if i.applies(self.cfg.rank, epoch)]
+        for inj in active:
+            env = inj.prepare_env(env)
+        try:
+            self.child = await childmod.start(self.cfg.command, env, prefix=f"[rank {self.cfg.rank}] ")
+        except OSError as exc:
+            await self.report(p.MsgType.ERROR, {"cause": f"cannot start command: {exc}",
+                                                "code": 127})
+            return
+        killers = [asyncio.ensure_future(i.kill_later(self.child)) for i in active]
+        try:
+            status = await self.child.wait()
+        finally:
+            for k in killers:
+                k.cancel()
+        if msg is None:
+            return
+        if status.ok:
+            await self.report(p.MsgType.FINISH, {"ok": True, "detail": "command exited 0"})
+        else:
+            await self.report(p.MsgType.ERROR, {
+                "cause": status.cause, "code": status.code, "signal": status.signal,
+                "tail": list(status.tail)[-10:]})
+
+    # -- main -------------------------------------------------------------------------------
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        self.exit_code = loop.create_future()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._finish, 128 + sig)
+        try:
+            import nats
+
+            self.nc = await asyncio.wait_for(nats.connect(
+                self.cfg.nats_url, connect_timeout=min(self.cfg.connect_timeout, 5.0),
+                max_reconnect_attempts=-1, reconnect_time_wait=0.5, ping_interval=2,
+                max_outstanding_pings=3, allow_reconnect=True,
+                error_cb=self._nats_error, disconnected_cb=None), self.cfg.connect_timeout)
+        except Exception as exc:  # noqa: BLE001 - any failure to connect means fall back
+            return await self.run_independent(f"cannot reach NATS at {self.cfg.nats_url}: {exc}")
+        await self.nc.subscribe(self.subjects.broadcast, cb=self._cb)
+        await self.nc.subscribe(self.subjects.worker(self.cfg.rank), cb=self._cb)
+        self.last_order_at = time.monotonic()
+        beat = asyncio.ensure_future(self._beat_loop())
+        reaper = asyncio.ensure_future(self._reap_loop()) if os.getpid() == 1 else None
+        try:
+            code = await self.exit_code
+        finally:
+            beat.cancel()
+            if reaper:
+                reaper.cancel()
+            if self.activity is not None:
+                self.activity.cancel()
+                with contextlib.suppress(BaseException):
+                    await self.activity
+            await self._stop_child()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.nc.drain(), 2)
+        if code == -1:
+            return await self.run_independent("the master told every worker to run on its own")
+        return code
+
+    async def _cb(self, msg: Any) -> None:
+        await self.on_order(msg.data)
+
+    async def _nats_error(self, exc: Exception) -> None:
+        _warn(f"NATS: {exc}")
+
+    async def _beat_loop(self) -> None:
+        while True:
+            await self.heartbeat()
+            if self.seq < 0 and time.monotonic() - self.last_order_at > self.cfg.master_timeout:
+                _warn(f"no order from the master in {self.cfg.master_timeout:.0f} s")
+                self._finish(-1)
+                return
+            await asyncio.sleep(self.cfg.heartbeat_interval)
+
+    async def _reap_loop(self) -> None:
+        while True:
+            childmod.reap_orphans(lambda pid: self.child is not None and pid == self.child.pid)
+            await asyncio.sleep(1.0)
+
+    async def run_independent(self, why: str) -> int:
+        """RunIndependent: fault tolerance is off; the command's exit code is ours."""
+        banner = "!" * 78
+        _warn(f"{banner}\nFAULT TOLERANCE IS OFF: {why}.\nRunning the command as a plain "
+              f"process; its exit code will be this worker's.\n{banner}")
+        self.phase = "Independent"
+        try:
+            self.child = await childmod.start(self.cfg.command, self.child_env(None),
+                                              prefix=f"[rank {self.cfg.rank}] ")
+        except OSError as exc:
+            _warn(f"cannot start the command: {exc}")
+            return 127
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.child.signal_group, sig)
+        status = await self.child.wait()
+        return status.shell_code

@@ -1,0 +1,150 @@
+"""The training process under the supervisor: start, stream, stop. The one place for child shutdown.
+
+Side effects: spawns the user's command in its own process group (``start_new_session``), with
+PR_SET_PDEATHSIG so it dies with the supervisor; writes its output, rank-prefixed, to our
+stdout; sends signals to its process group. Standard library only (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ctypes
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:  # noqa: BLE001 - not Linux: the supervisor's own shutdown still applies
+        pass
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """How the child ended: ``code`` >= 0 for an exit, ``signal`` set when a signal killed it."""
+
+    code: int
+    signal: int | None
+    tail: tuple[str, ...]
+    at: float
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0 and self.signal is None
+
+    @property
+    def cause(self) -> str:
+        if self.signal is not None:
+            try:
+                name = signal.Signals(self.signal).name
+            except ValueError:
+                name = str(self.signal)
+            return f"killed by {name}"
+        return f"exit code {self.code}"
+
+    @property
+    def shell_code(self) -> int:
+        """The exit code a shell would report (128+N for a signal)."""
+        return 128 + self.signal if self.signal is not None else self.code
+
+
+class Child:
+    """One run of the user's command. ``wait()`` returns its ExitStatus."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, prefix: str, tail_lines: int,
+                 on_line: Callable[[str], None] | None) -> None:
+        self._proc = proc
+        self._prefix = prefix
+        self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        self._on_line = on_line
+        self._pump = asyncio.ensure_future(self._stream())
+        self.started = time.time()
+        self.status: ExitStatus | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self._proc.returncode is None
+
+    async def _stream(self) -> None:
+        assert self._proc.stdout is not None
+        out = sys.stdout.buffer
+        while True:
+            line = await self._proc.stdout.readline()
+            if not line:
+                return
+            text = line.decode(errors="replace").rstrip("\n")
+            self._tail.append(text)
+            out.write(self._prefix.encode() + line if line.endswith(b"\n")
+                      else self._prefix.encode() + line + b"\n")
+            out.flush()
+            if self._on_line is not None:
+                self._on_line(text)
+
+    async def wait(self) -> ExitStatus:
+        rc = await self._proc.wait()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._pump), timeout=2.0)
+        except asyncio.TimeoutError:  # a grandchild holds the pipe open
+            self._pump.cancel()
+        if self.status is None:
+            self.status = ExitStatus(
+                code=rc if rc >= 0 else 128 - rc, signal=-rc if rc < 0 else None,
+                tail=tuple(self._tail), at=time.time())
+        return self.status
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self._proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    async def stop(self, grace: float = 5.0) -> ExitStatus:
+        """SIGTERM the process group, wait ``grace`` seconds, then SIGKILL it."""
+        if self.running:
+            self.signal_group(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._proc.wait()), timeout=grace)
+            except asyncio.TimeoutError:
+                pass
+        self.signal_group(signal.SIGKILL)  # also whatever the command left in its group
+        return await self.wait()
+
+
+async def start(cmd: Sequence[str], env: Mapping[str, str], *, prefix: str = "",
+                tail_lines: int = 20, on_line: Callable[[str], None] | None = None) -> Child:
+    """Start ``cmd`` in a new session; raises FileNotFoundError/PermissionError as exec does."""
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, env=dict(env), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True, preexec_fn=_die_with_parent, limit=1 << 20)
+    return Child(proc, prefix, tail_lines, on_line)
+
+
+def reap_orphans(known: Callable[[int], bool]) -> int:
+    """As PID 1: reap exited processes that are not our own children-in-use. Returns how many."""
+    reaped = 0
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return reaped
+        if info is None or known(info.si_pid):
+            return reaped
+        try:
+            os.waitpid(info.si_pid, os.WNOHANG)
+            reaped += 1
+        except ChildProcessError:
+            return reaped

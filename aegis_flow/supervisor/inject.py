@@ -1,0 +1,91 @@
+"""Real fault injection for tests and the demo: ``crash:rank=1:after=5s``, ``exit:rank=0:code=3``.
+
+``crash`` SIGKILLs the rank's training process ``after`` seconds into its run; ``exit`` makes the
+training process itself call ``os._exit(code)`` after that delay (a ``sitecustomize`` put on the
+child's PYTHONPATH starts the timer, so it works for any Python command). ``epoch=N`` selects the
+run epoch (AEGIS_RESTART_COUNT) it applies to (default 0, the first run); ``epoch=all`` applies to
+every epoch. Side effects: ``kill_later`` sends a signal; ``prepare_env`` only builds a dict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from dataclasses import dataclass
+from typing import Protocol
+
+_SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
+
+
+class _Killable(Protocol):
+    running: bool
+
+    def signal_group(self, sig: int) -> None: ...
+
+
+class InjectionError(ValueError):
+    pass
+
+
+def _seconds(text: str) -> float:
+    value = text[:-1] if text.endswith("s") else text
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise InjectionError(f"after={text!r} is not a duration like 5s or 0.5") from None
+    if seconds < 0:
+        raise InjectionError(f"after={text!r} must not be negative")
+    return seconds
+
+
+@dataclass(frozen=True)
+class Injection:
+    kind: str  # crash | exit
+    rank: int
+    after: float = 0.0
+    code: int = 1
+    epoch: int | None = 0  # None: every epoch
+
+    @classmethod
+    def parse(cls, spec: str) -> Injection:
+        """Parse ``KIND:key=value:...``; raises InjectionError naming the bad part."""
+        kind, _, rest = spec.partition(":")
+        if kind not in ("crash", "exit"):
+            raise InjectionError(f"{spec!r}: the kind must be 'crash' or 'exit', not {kind!r}")
+        fields: dict[str, str] = {}
+        for part in filter(None, rest.split(":")):
+            key, eq, value = part.partition("=")
+            if not eq or key not in ("rank", "after", "code", "epoch"):
+                raise InjectionError(f"{spec!r}: unknown part {part!r} "
+                                     "(expected rank=N, after=5s, code=N, epoch=N|all)")
+            fields[key] = value
+        if "rank" not in fields:
+            raise InjectionError(f"{spec!r}: rank=N is required")
+        try:
+            rank = int(fields["rank"])
+            code = int(fields.get("code", "1"))
+            epoch = None if fields.get("epoch") == "all" else int(fields.get("epoch", "0"))
+        except ValueError:
+            raise InjectionError(f"{spec!r}: rank, code and epoch must be whole numbers") from None
+        if rank < 0 or not 0 <= code <= 255:
+            raise InjectionError(f"{spec!r}: rank must be >= 0 and code within 0..255")
+        return cls(kind, rank, _seconds(fields.get("after", "0")), code, epoch)
+
+    def applies(self, rank: int, epoch: int) -> bool:
+        return self.rank == rank and (self.epoch is None or self.epoch == epoch)
+
+    def prepare_env(self, env: dict[str, str]) -> dict[str, str]:
+        if self.kind != "exit":
+            return env
+        env = dict(env)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SITE_DIR, env.get("PYTHONPATH")]))
+        env["AEGIS_INJECT_EXIT"] = f"{self.code}:{self.after}"
+        return env
+
+    async def kill_later(self, child: _Killable) -> None:
+        if self.kind != "crash":
+            return
+        await asyncio.sleep(self.after)
+        if child.running:
+            child.signal_group(signal.SIGKILL)
