@@ -40,6 +40,9 @@ def build_parser(prog: str = "aegis-flow worker") -> argparse.ArgumentParser:
                     help="seconds between SIGTERM and SIGKILL when stopping CMD")
     ap.add_argument("--work-dir", default=env("AEGIS_WORK_DIR", "."),
                     help="directory the io check writes to (the checkpoint directory)")
+    ap.add_argument("--no-prewarm", dest="prewarm", action="store_false",
+                    help="start every run of a Python command cold instead of forking it from "
+                    "a pre-warmed interpreter that has already imported torch")
     ap.add_argument("--inject", action="append", default=[], metavar="SPEC",
                     help="fault injection for tests: crash:rank=R:after=5s, "
                     "exit:rank=R:code=3:after=8s (epoch=N|all selects the run epoch)")
@@ -68,7 +71,8 @@ def parse(argv: list[str], prog: str = "aegis-flow worker") -> WorkerConfig:
                         world_size=a.world_size, nats_url=a.nats_url, node=a.node,
                         pod_ip=a.pod_ip, connect_timeout=a.connect_timeout,
                         master_timeout=a.master_timeout, heartbeat_interval=a.heartbeat,
-                        grace=a.grace, injections=injections, work_dir=a.work_dir)
+                        grace=a.grace, injections=injections, work_dir=a.work_dir,
+                        prewarm=a.prewarm)
 
 
 def main(argv: list[str] | None = None, prog: str = "aegis-flow worker") -> int:

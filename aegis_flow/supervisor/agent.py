@@ -27,6 +27,7 @@ from typing import Any
 from aegis_flow import protocol as p
 from aegis_flow.supervisor import child as childmod
 from aegis_flow.supervisor.inject import Injection
+from aegis_flow.supervisor.prewarm import Zygote, start_zygote
 
 CheckFn = Callable[[str, "WorkerConfig"], Awaitable[tuple[bool, str | None, str]]]
 
@@ -47,6 +48,7 @@ class WorkerConfig:
     grace: float = 5.0
     injections: tuple[Injection, ...] = ()
     work_dir: str = "."
+    prewarm: bool = True  # fork Python commands from a pre-warmed interpreter (prewarm.py)
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
@@ -88,6 +90,7 @@ class Supervisor:
         self.exit_code: asyncio.Future[int] | None = None
         self.nc: Any = None
         self.last_order_at = 0.0
+        self.zygote: Zygote | None = None
 
     # -- messages ---------------------------------------------------------------------------
     def _msg(self, mtype: p.MsgType, seq: int, data: dict[str, Any]) -> p.Message:
@@ -194,7 +197,7 @@ class Supervisor:
         for inj in active:
             env = inj.prepare_env(env)
         try:
-            self.child = await childmod.start(self.cfg.command, env, prefix=f"[rank {self.cfg.rank}] ")
+            self.child = await self._start(env)
         except OSError as exc:
             await self.report(p.MsgType.ERROR, {"cause": f"cannot start command: {exc}",
                                                 "code": 127})
@@ -214,6 +217,18 @@ class Supervisor:
                 "cause": status.cause, "code": status.code, "signal": status.signal,
                 "tail": list(status.tail)[-10:]})
 
+    async def _start(self, env: dict[str, str]) -> childmod.Child:
+        prefix = f"[rank {self.cfg.rank}] "
+        if self.zygote is not None and await self.zygote.ready(timeout=120):
+            try:
+                return await self.zygote.spawn(self.cfg.command, env, prefix=prefix,
+                                               tail_lines=20, on_line=None)
+            except (OSError, asyncio.TimeoutError) as exc:
+                _warn(f"pre-warmed start failed ({exc}); starting the command directly")
+                self.zygote.close()
+                self.zygote = None
+        return await childmod.start(self.cfg.command, env, prefix=prefix)
+
     # -- main -------------------------------------------------------------------------------
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -230,6 +245,8 @@ class Supervisor:
                 error_cb=self._nats_error, disconnected_cb=None), self.cfg.connect_timeout)
         except Exception as exc:  # noqa: BLE001 - any failure to connect means fall back
             return await self.run_independent(f"cannot reach NATS at {self.cfg.nats_url}: {exc}")
+        if self.cfg.prewarm:
+            self.zygote = start_zygote(self.cfg.command, self.child_env(None))
         await self.nc.subscribe(self.subjects.broadcast, cb=self._cb)
         await self.nc.subscribe(self.subjects.worker(self.cfg.rank), cb=self._cb)
         self.last_order_at = time.monotonic()
@@ -246,6 +263,9 @@ class Supervisor:
                 with contextlib.suppress(BaseException):
                     await self.activity
             await self._stop_child()
+            if self.zygote is not None:
+                self.zygote.close()
+                self.zygote = None
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.drain(), 2)
         if code == -1:

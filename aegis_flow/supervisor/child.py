@@ -58,11 +58,18 @@ class ExitStatus:
 
 
 class Child:
-    """One run of the user's command. ``wait()`` returns its ExitStatus."""
+    """One run of the user's command. ``wait()`` returns its ExitStatus.
 
-    def __init__(self, proc: asyncio.subprocess.Process, prefix: str, tail_lines: int,
+    ``exited`` resolves to the raw return code (negative: killed by that signal), whichever way
+    the process was started (exec, or forked from the pre-warmed interpreter in prewarm.py).
+    """
+
+    def __init__(self, pid: int, output: asyncio.StreamReader,
+                 exited: asyncio.Future[int], prefix: str, tail_lines: int,
                  on_line: Callable[[str], None] | None) -> None:
-        self._proc = proc
+        self.pid = pid
+        self._output = output
+        self._exited = exited
         self._prefix = prefix
         self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self._on_line = on_line
@@ -71,30 +78,28 @@ class Child:
         self.status: ExitStatus | None = None
 
     @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    @property
     def running(self) -> bool:
-        return self._proc.returncode is None
+        return not self._exited.done()
 
     async def _stream(self) -> None:
-        assert self._proc.stdout is not None
         out = sys.stdout.buffer
+        prefix = self._prefix.encode()
         while True:
-            line = await self._proc.stdout.readline()
+            try:
+                line = await self._output.readline()
+            except (ValueError, asyncio.LimitOverrunError):  # an endless line: cut it
+                line = await self._output.read(1 << 16)
             if not line:
                 return
             text = line.decode(errors="replace").rstrip("\n")
             self._tail.append(text)
-            out.write(self._prefix.encode() + line if line.endswith(b"\n")
-                      else self._prefix.encode() + line + b"\n")
+            out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
             out.flush()
             if self._on_line is not None:
                 self._on_line(text)
 
     async def wait(self) -> ExitStatus:
-        rc = await self._proc.wait()
+        rc = await asyncio.shield(self._exited)
         try:
             await asyncio.wait_for(asyncio.shield(self._pump), timeout=2.0)
         except asyncio.TimeoutError:  # a grandchild holds the pipe open
@@ -107,7 +112,7 @@ class Child:
 
     def signal_group(self, sig: int) -> None:
         try:
-            os.killpg(self._proc.pid, sig)
+            os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
 
@@ -116,7 +121,7 @@ class Child:
         if self.running:
             self.signal_group(signal.SIGTERM)
             try:
-                await asyncio.wait_for(asyncio.shield(self._proc.wait()), timeout=grace)
+                await asyncio.wait_for(asyncio.shield(self._exited), timeout=grace)
             except asyncio.TimeoutError:
                 pass
         self.signal_group(signal.SIGKILL)  # also whatever the command left in its group
@@ -130,7 +135,9 @@ async def start(cmd: Sequence[str], env: Mapping[str, str], *, prefix: str = "",
         *cmd, env=dict(env), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         start_new_session=True, preexec_fn=_die_with_parent, limit=1 << 20)
-    return Child(proc, prefix, tail_lines, on_line)
+    assert proc.stdout is not None
+    exited = asyncio.ensure_future(proc.wait())
+    return Child(proc.pid, proc.stdout, exited, prefix, tail_lines, on_line)
 
 
 def reap_orphans(known: Callable[[int], bool]) -> int:

@@ -1,0 +1,156 @@
+"""Pre-warmed interpreter ("zygote") for fast in-place restarts. Runs as a standalone script.
+
+Started by the supervisor with the user's own Python (``python zygote.py``), it imports torch,
+``torch._dynamo``, ``torch.nn.parallel`` and ``torch.distributed`` once (never touching CUDA),
+then forks one training process per request: the fork skips the ~2 s of ``import torch`` and the
+~1 s lazy dynamo import of the first DDP step. Self-contained on purpose (standard library
+only, torch optional): it must run in an image where aegis-flow itself is not installed.
+
+Protocol on the inherited Unix socket (fd in AEGIS_ZYGOTE_FD), JSON lines:
+  zygote → "ready"; request {argv, env, cwd} with the child's stdout fd (SCM_RIGHTS) →
+  {"pid": N} or {"error": "..."}; later {"exit": N, "code": C, "signal": S|null}.
+Side effects: forks processes, sends signals to them when the supervisor goes away.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+
+PRELOAD = ("torch", "torch._dynamo", "torch.nn.parallel", "torch.distributed")
+
+
+def _send(sock: socket.socket, obj: object) -> None:
+    sock.sendall(json.dumps(obj).encode() + b"\n")
+
+
+def _arm_exit_injection(env: dict[str, str]) -> None:
+    spec = env.pop("AEGIS_INJECT_EXIT", "")
+    os.environ.pop("AEGIS_INJECT_EXIT", None)
+    if not spec:
+        return
+    code, _, after = spec.partition(":")
+
+    def fire() -> None:
+        sys.stderr.write(f"[aegis-flow inject] exiting with code {code}\n")
+        sys.stderr.flush()
+        os._exit(int(code))
+
+    timer = threading.Timer(float(after or 0), fire)
+    timer.daemon = True
+    timer.start()
+
+
+def _child(req: dict[str, object], out_fd: int, sock: socket.socket) -> None:
+    """In the forked child: become the training process. Never returns."""
+    code = 1
+    try:
+        os.setsid()
+        try:
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # die with the zygote
+        except Exception:  # noqa: BLE001
+            pass
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        sock.close()
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        os.close(out_fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        env = {str(k): str(v) for k, v in dict(req["env"]).items()}  # type: ignore[call-overload]
+        _arm_exit_injection(env)
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(str(req["cwd"]))
+        argv = [str(a) for a in req["argv"]]  # type: ignore[attr-defined]
+        import runpy
+
+        if argv[1] == "-m":
+            sys.argv = [argv[2], *argv[3:]]
+            runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = argv[1:]
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[1]))
+            runpy.run_path(argv[1], run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code
+        else:
+            sys.stderr.write(f"{exc.code}\n")
+            code = 1
+    except BaseException:  # noqa: BLE001 - report like the interpreter would
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code & 0xFF)
+
+
+def main() -> int:
+    sock = socket.socket(fileno=int(os.environ.pop("AEGIS_ZYGOTE_FD")))
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - torch is optional: then only Python is warm
+            break
+    _send(sock, "ready")
+    children: set[int] = set()
+    buf = b""
+    while True:
+        ready, _, _ = select.select([sock], [], [], 0.01)
+        while children:  # reap and report
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+            _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status), "signal": sig})
+        if not ready:
+            continue
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 4)
+        if not data:  # the supervisor is gone: so are we, and our children
+            for pid in children:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return 0
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            req = json.loads(line)
+            if not fds:
+                _send(sock, {"error": "request without an output fd"})
+                continue
+            out_fd = fds.pop(0)
+            pid = os.fork()
+            if pid == 0:
+                _child(req, out_fd, sock)
+            os.close(out_fd)
+            children.add(pid)
+            _send(sock, {"pid": pid, "at": time.time()})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
