@@ -56,6 +56,9 @@ def add_parsers(sub: Any) -> None:
                    "master (default 60)")
     r.add_argument("--lost-timeout", type=float, default=3.0,
                    help="seconds without a heartbeat before a worker is lost (default 3)")
+    r.add_argument("--no-prewarm", dest="prewarm", action="store_false",
+                   help="start every run cold instead of forking Python commands from a "
+                   "pre-warmed interpreter (slower restarts)")
     r.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG ...]")
     r.set_defaults(handler=_run)
 
@@ -121,7 +124,8 @@ def _run(a: argparse.Namespace) -> int:
     cfg = RunConfig(command=tuple(command), workers=a.workers, max_retry=a.max_retry,
                     job=a.job, namespace=a.namespace, nats_url=a.nats_url,
                     state_dir=a.state_dir, injections=tuple(a.inject),
-                    connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout)
+                    connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout,
+                    prewarm=a.prewarm)
     return run_job(cfg)
 
 

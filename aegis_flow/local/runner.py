@@ -41,6 +41,7 @@ class RunConfig:
     heartbeat: float = 0.5
     grace: float = 5.0
     max_process_restarts: int = 20
+    prewarm: bool = True
     extra_master_args: tuple[str, ...] = ()
     extra_worker_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
@@ -104,7 +105,9 @@ class LocalJob:
         return [sys.executable, "-m", "aegis_flow.master", "--job", c.job, "--namespace",
                 c.namespace, "--workers", str(c.workers), "--max-retry", str(c.max_retry),
                 "--nats-url", self.url, "--connect-timeout", str(c.connect_timeout),
-                "--lost-timeout", str(c.lost_timeout), *c.extra_master_args]
+                "--lost-timeout", str(c.lost_timeout),
+                "--status-file", str((self.state_dir / "status.json").absolute()),
+                *c.extra_master_args]
 
     def _worker_args(self, rank: int) -> list[str]:
         c = self.cfg
@@ -114,6 +117,7 @@ class LocalJob:
                 c.namespace, "--rank", str(rank), "--world-size", str(c.workers), "--nats-url",
                 self.url, "--node", node, "--heartbeat", str(c.heartbeat), "--grace",
                 str(c.grace), "--work-dir", str(self.state_dir / "work"), *injects,
+                *([] if c.prewarm else ["--no-prewarm"]),
                 *c.extra_worker_args, "--", *c.command]
 
     def _write_pids(self) -> None:
@@ -129,6 +133,7 @@ class LocalJob:
     def run(self) -> int:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "work").mkdir(exist_ok=True)
+        (self.state_dir / "status.json").unlink(missing_ok=True)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         server = None
         try:

@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lost-timeout", type=float, default=3.0)
     ap.add_argument("--replace-timeout", type=float, default=120.0)
     ap.add_argument("--linger", type=float, default=5.0)
+    ap.add_argument("--status-file", default="", help="write the final status here too")
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
@@ -32,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = MasterConfig(job=a.job, namespace=a.namespace, workers=a.workers,
                        max_retry=a.max_retry, flap_limit=a.flap_limit, nats_url=a.nats_url,
                        connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout,
-                       replace_timeout=a.replace_timeout, linger=a.linger)
+                       replace_timeout=a.replace_timeout, linger=a.linger,
+                       status_file=a.status_file)
     try:
         return asyncio.run(Master(cfg).run())
     except KeyboardInterrupt:

@@ -38,6 +38,7 @@ class MasterConfig:
     linger: float = 5.0  # after the end: keep re-sending the final order to laggards
     tick: float = 0.05
     rendezvous_addr: str = "127.0.0.1"
+    status_file: str = ""  # also write the final status document here (local mode)
 
 
 def free_port(addr: str = "127.0.0.1") -> int:
@@ -131,10 +132,10 @@ class Master:
 
     async def _publish(self, subject: str, effect: m.Broadcast | m.Send | m.ExitWorker,
                        now: float) -> None:
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"restart_count": self.status.recover_count}
         order = effect.order if not isinstance(effect, m.ExitWorker) else m.Order.EXIT
         if order in (m.Order.RUN, m.Order.RUN_INDEPENDENT):
-            extra = self._run_extra(effect.seq)
+            extra.update(self._run_extra(effect.seq))
         msg = p.order_message(self.subjects, effect, now=now, extra=extra)
         await self.nc.publish(subject, msg.encode())
 
@@ -144,8 +145,7 @@ class Master:
         if port is None:
             port = free_port(self.cfg.rendezvous_addr)
             self._ports = {seq: port}
-        return {"rendezvous": {"addr": self.cfg.rendezvous_addr, "port": port},
-                "restart_count": self.status.recover_count}
+        return {"rendezvous": {"addr": self.cfg.rendezvous_addr, "port": port}}
 
     # -- input ------------------------------------------------------------------------------
     async def on_message(self, raw: bytes) -> None:
@@ -231,6 +231,13 @@ class Master:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.drain(), 2)
         self._note(summary(self.status))
+        if self.cfg.status_file:
+            import os
+
+            tmp = self.cfg.status_file + ".tmp"
+            with open(tmp, "wb") as fh:
+                fh.write(self._doc())
+            os.replace(tmp, self.cfg.status_file)
         return {m.Phase.SUCCEED: 0, m.Phase.FAILED: 1, m.Phase.INDEPENDENT: 3}.get(
             self.status.phase, 1)
 

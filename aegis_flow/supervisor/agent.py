@@ -75,13 +75,27 @@ async def default_checks(kind: str, cfg: WorkerConfig) -> tuple[bool, str | None
     return True, None, f"{kind}: io ok in {1000 * (time.monotonic() - t0):.1f} ms"
 
 
+def _lossy_from_env(rank: int) -> Callable[[p.Message], bool] | None:
+    """AEGIS_TEST_DROP=FRACTION[:SEED] loses that share of messages in both directions."""
+    spec = os.environ.get("AEGIS_TEST_DROP", "")
+    if not spec:
+        return None
+    import random
+
+    fraction, _, seed = spec.partition(":")
+    rng = random.Random(f"{seed}:{rank}:{os.getpid()}")
+    share = float(fraction)
+    _warn(f"TEST TRANSPORT: dropping {share:.0%} of messages")
+    return lambda _msg: rng.random() < share
+
+
 class Supervisor:
     def __init__(self, cfg: WorkerConfig, *, checks: CheckFn = default_checks,
                  drop: Callable[[p.Message], bool] | None = None) -> None:
         self.cfg = cfg
         self.subjects = p.Subjects(cfg.namespace, cfg.job)
         self.checks = checks
-        self.drop = drop  # test hook: a transport that loses some messages
+        self.drop = drop or _lossy_from_env(cfg.rank)  # test hook: a lossy transport
         self.seq = -1
         self.phase = "Pending"
         self.last_report: p.Message | None = None
@@ -127,6 +141,8 @@ class Supervisor:
             return
         if msg.type is not p.MsgType.ORDER or msg.pod_name != "master":
             return
+        if self.drop is not None and self.drop(msg):
+            return  # the test transport lost this order
         if msg.rank not in (-1, self.cfg.rank):
             return
         self.last_order_at = time.monotonic()
@@ -135,6 +151,11 @@ class Supervisor:
         self.seq = msg.seq
         self.last_report = None
         order = str(msg.data.get("order", ""))
+        epoch = int(msg.data.get("restart_count", 0))
+        for i, inj in enumerate(self.cfg.injections):
+            if inj.die_now(self.cfg.rank, epoch, order, self.cfg.work_dir, i):
+                _warn(f"injected fault: this supervisor dies on order {order!r}")
+                os.kill(os.getpid(), signal.SIGKILL)
         if self.activity is not None and not self.activity.done():
             self.activity.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -246,7 +267,8 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 - any failure to connect means fall back
             return await self.run_independent(f"cannot reach NATS at {self.cfg.nats_url}: {exc}")
         if self.cfg.prewarm:
-            self.zygote = start_zygote(self.cfg.command, self.child_env(None))
+            self.zygote = start_zygote(self.cfg.command, self.child_env(None),
+                                       os.path.abspath(self.cfg.work_dir))
         await self.nc.subscribe(self.subjects.broadcast, cb=self._cb)
         await self.nc.subscribe(self.subjects.worker(self.cfg.rank), cb=self._cb)
         self.last_order_at = time.monotonic()

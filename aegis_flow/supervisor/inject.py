@@ -1,6 +1,8 @@
 """Real fault injection for tests and the demo: ``crash:rank=1:after=5s``, ``exit:rank=0:code=3``.
 
-``crash`` SIGKILLs the rank's training process ``after`` seconds into its run; ``exit`` makes the
+``crash`` SIGKILLs the rank's training process ``after`` seconds into its run; ``die`` SIGKILLs the
+rank's *supervisor* when it receives ``order=NAME`` (once per job: a marker file in the work dir
+remembers it), which makes the worker Lost and replaced; ``exit`` makes the
 training process itself call ``os._exit(code)`` after that delay (a ``sitecustomize`` put on the
 child's PYTHONPATH starts the timer, so it works for any Python command). ``epoch=N`` selects the
 run epoch (AEGIS_RESTART_COUNT) it applies to (default 0, the first run); ``epoch=all`` applies to
@@ -46,19 +48,21 @@ class Injection:
     after: float = 0.0
     code: int = 1
     epoch: int | None = 0  # None: every epoch
+    order: str = "run"  # die: the order on whose arrival the supervisor dies
 
     @classmethod
     def parse(cls, spec: str) -> Injection:
         """Parse ``KIND:key=value:...``; raises InjectionError naming the bad part."""
         kind, _, rest = spec.partition(":")
-        if kind not in ("crash", "exit"):
-            raise InjectionError(f"{spec!r}: the kind must be 'crash' or 'exit', not {kind!r}")
+        if kind not in ("crash", "exit", "die"):
+            raise InjectionError(
+                f"{spec!r}: the kind must be 'crash', 'exit' or 'die', not {kind!r}")
         fields: dict[str, str] = {}
         for part in filter(None, rest.split(":")):
             key, eq, value = part.partition("=")
-            if not eq or key not in ("rank", "after", "code", "epoch"):
-                raise InjectionError(f"{spec!r}: unknown part {part!r} "
-                                     "(expected rank=N, after=5s, code=N, epoch=N|all)")
+            if not eq or key not in ("rank", "after", "code", "epoch", "order"):
+                raise InjectionError(f"{spec!r}: unknown part {part!r} (expected rank=N, "
+                                     "after=5s, code=N, epoch=N|all, order=NAME)")
             fields[key] = value
         if "rank" not in fields:
             raise InjectionError(f"{spec!r}: rank=N is required")
@@ -70,10 +74,22 @@ class Injection:
             raise InjectionError(f"{spec!r}: rank, code and epoch must be whole numbers") from None
         if rank < 0 or not 0 <= code <= 255:
             raise InjectionError(f"{spec!r}: rank must be >= 0 and code within 0..255")
-        return cls(kind, rank, _seconds(fields.get("after", "0")), code, epoch)
+        return cls(kind, rank, _seconds(fields.get("after", "0")), code, epoch,
+                   fields.get("order", "run"))
 
     def applies(self, rank: int, epoch: int) -> bool:
         return self.rank == rank and (self.epoch is None or self.epoch == epoch)
+
+    def die_now(self, rank: int, epoch: int, order: str, work_dir: str, index: int) -> bool:
+        """For ``die``: True (once per job) when this order should kill the supervisor."""
+        if self.kind != "die" or order != self.order or not self.applies(rank, epoch):
+            return False
+        marker = os.path.join(work_dir, f".aegis-inject-die-{index}")
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
 
     def prepare_env(self, env: dict[str, str]) -> dict[str, str]:
         if self.kind != "exit":

@@ -44,13 +44,14 @@ def _normalise(cmd: Sequence[str]) -> list[str]:
 
 
 class Zygote:
-    def __init__(self, cmd: Sequence[str], env: Mapping[str, str]) -> None:
+    def __init__(self, cmd: Sequence[str], env: Mapping[str, str], tag: str = "") -> None:
         python = shutil.which(cmd[0], path=env.get("PATH")) or cmd[0]
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         zenv = dict(env)
         zenv["AEGIS_ZYGOTE_FD"] = str(theirs.fileno())
         zenv.setdefault("OMP_NUM_THREADS", env.get("OMP_NUM_THREADS", "1"))
-        self.proc = subprocess.Popen([python, ZYGOTE_SCRIPT], env=zenv,
+        # ``tag`` (the work dir) is ignored by the zygote; it shows whose zygote this is in ps
+        self.proc = subprocess.Popen([python, ZYGOTE_SCRIPT, *([tag] if tag else [])], env=zenv,
                                      pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                                      preexec_fn=_die_with_parent)
         theirs.close()
@@ -141,11 +142,11 @@ class Zygote:
             self.proc.wait(timeout=5)
 
 
-def start_zygote(cmd: Sequence[str], env: Mapping[str, str]) -> Zygote | None:
+def start_zygote(cmd: Sequence[str], env: Mapping[str, str], tag: str = "") -> Zygote | None:
     if not python_command(cmd):
         return None
     try:
-        return Zygote(cmd, env)
+        return Zygote(cmd, env, tag)
     except OSError as exc:
         sys.stderr.write(f"[aegis-flow worker] no pre-warmed interpreter: {exc}\n")
         return None

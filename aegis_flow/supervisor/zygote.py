@@ -106,7 +106,9 @@ def _child(req: dict[str, object], out_fd: int, sock: socket.socket) -> None:
 
 def main() -> int:
     sock = socket.socket(fileno=int(os.environ.pop("AEGIS_ZYGOTE_FD")))
-    for name in PRELOAD:
+    preload = os.environ.get("AEGIS_PRELOAD")
+    names = PRELOAD if preload is None else tuple(filter(None, preload.split(",")))
+    for name in names:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - torch is optional: then only Python is warm

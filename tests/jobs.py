@@ -1,0 +1,104 @@
+"""Helpers for end-to-end tests: run ``aegis-flow run`` as a real process and watch it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SLEEPER = str(ROOT / "tests" / "fixtures" / "sleeper.py")
+TRAIN = str(ROOT / "examples" / "train_ddp.py")
+
+
+class Job:
+    """``aegis-flow run`` in a subprocess; output collected line by line."""
+
+    def __init__(self, state_dir: Path, args: list[str], command: list[str], *,
+                 env: dict[str, str] | None = None) -> None:
+        self.state_dir = state_dir
+        full_env = {**os.environ, "OMP_NUM_THREADS": "1", "AEGIS_PRELOAD": "",
+                    **(env or {})}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "aegis_flow.cli", "run", "--state-dir", str(state_dir),
+             *args, "--", *command],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, cwd=str(state_dir))
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            with self._cond:
+                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+                self._cond.notify_all()
+
+    def wait_for(self, text: str, timeout: float = 60.0, count: int = 1) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while sum(text in line for line in self.lines) < count:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.proc.poll() is not None and not self._reader.is_alive():
+                    raise AssertionError(f"{text!r} x{count} not seen; output:\n{self.output}")
+                self._cond.wait(min(left, 0.2))
+
+    def wait(self, timeout: float = 120.0) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=30)
+            raise AssertionError(f"job did not end in {timeout} s; output:\n{self.output}")
+        self._reader.join(timeout=10)
+        return rc
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def status(self, job: str = "job") -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads((self.state_dir / job / "status.json").read_text())
+        return doc
+
+    def pids(self, job: str = "job") -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.state_dir / job / "pids.json").read_text())
+        return data
+
+    def nats_url(self, job: str = "job") -> str:
+        return (self.state_dir / job / "nats.url").read_text().strip()
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs of live processes whose command line contains ``text`` (zombies excluded)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{entry}/stat").read_text().split(")")[-1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if text in cmdline and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def assert_nothing_left(text: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while processes_mentioning(text):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"processes left behind: {processes_mentioning(text)}")
+        time.sleep(0.1)
+
+
+def retries(doc: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(w["retries"] for w in doc["status"]["workers"])
