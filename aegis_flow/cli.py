@@ -66,12 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aegis-flow", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_verify(sub)
-    try:
-        from aegis_flow.local import cli as local_cli
-    except ImportError:  # pragma: no cover - the local runtime is part of the package
-        local_cli = None
-    if local_cli is not None and hasattr(local_cli, "add_parsers"):
-        local_cli.add_parsers(sub)
+    from aegis_flow.local import cli as local_cli
+
+    local_cli.add_parsers(sub)
     return parser
 
 

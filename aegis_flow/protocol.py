@@ -130,7 +130,7 @@ def decode(raw: bytes, *, job: str | None = None, namespace: str | None = None) 
         msg_type = MsgType(obj.get("type"))
     except ValueError:
         raise ProtocolError(f"unknown message type {obj.get('type')!r}") from None
-    fields = {
+    fields: dict[str, type | tuple[type, ...]] = {
         "AegisName": str, "AegisNamespace": str, "podName": str, "rank": int, "seq": int,
         "incarnation": str, "phase": str, "data": dict, "timeStamp": (int, float),
     }

@@ -56,7 +56,8 @@ class Job:
         except subprocess.TimeoutExpired:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=30)
-            raise AssertionError(f"job did not end in {timeout} s; output:\n{self.output}")
+            raise AssertionError(
+                f"job did not end in {timeout} s; output:\n{self.output}") from None
         self._reader.join(timeout=10)
         return rc
 

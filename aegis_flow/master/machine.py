@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
-from typing import Union
 
 # --------------------------------------------------------------------------- states
 
@@ -103,7 +102,7 @@ class PodInfo:
     error_seq: int = -1  # seq of the last processed Error (dedup)
     flaps: int = 0  # uncounted replacements since the job last entered RunCommand
     hanging: bool = False
-    exit_code: ExitCode | None = None  # an exit this worker was told to make, re-sent until it returns
+    exit_code: ExitCode | None = None  # an exit it was told to make; re-sent until it returns
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +221,9 @@ class Stop:
     reason: str = "stopped"
 
 
-Event = Union[Ack, Finish, Error, Lost, Hang, HangWithQuit, CheckpointDone, ConnectTimeout, Stop]
+Event = (
+    Ack | Finish | Error | Lost | Hang | HangWithQuit | CheckpointDone | ConnectTimeout | Stop
+)
 WORKER_EVENTS = (Ack, Finish, Error, Lost, Hang, HangWithQuit)
 SEQ_EVENTS = (Ack, Finish, Error, Hang, HangWithQuit)
 
@@ -282,7 +283,7 @@ class Log:
     transition: str = ""  # the table row, e.g. "T5"
 
 
-Effect = Union[Broadcast, Send, ExitWorker, Quarantine, Persist, Log]
+Effect = Broadcast | Send | ExitWorker | Quarantine | Persist | Log
 
 
 class MalformedEvent(ValueError):
@@ -513,8 +514,9 @@ def _name(event: Event) -> str:
 def _validate(status: Status, event: Event) -> None:
     if isinstance(event, WORKER_EVENTS):
         if not isinstance(event.rank, int) or not 0 <= event.rank < len(status.workers):
+            last = len(status.workers) - 1
             raise MalformedEvent(
-                f"unknown worker rank {event.rank!r}: this job has ranks 0..{len(status.workers) - 1}")
+                f"unknown worker rank {event.rank!r}: this job has ranks 0..{last}")
     if isinstance(event, SEQ_EVENTS) and (not isinstance(event.seq, int) or event.seq < 0):
         raise MalformedEvent(f"negative or non-integer sequence number {event.seq!r}")
     if isinstance(event, Ack) and not event.incarnation:
@@ -526,7 +528,8 @@ def _validate(status: Status, event: Event) -> None:
 def _on_ack(status: Status, ev: Ack, now: float) -> Result:
     pod = status.workers[ev.rank]
     if ev.seq > status.seq and status.phase is not Phase.PENDING:
-        return _ignore(status, Ignored.FUTURE, f"Ack(rank {ev.rank}) for seq {ev.seq} > {status.seq}")
+        return _ignore(status, Ignored.FUTURE,
+                       f"Ack(rank {ev.rank}) for seq {ev.seq} > {status.seq}")
     seq = min(max(pod.seq, ev.seq), status.seq)
     new_incarnation = pod.incarnation is not None and ev.incarnation != pod.incarnation
     pod = replace(pod, seq=seq, updated=now, node=ev.node or pod.node,
@@ -607,7 +610,8 @@ def _on_finish(status: Status, ev: Finish) -> Result:
         return _ignore(status, Ignored.LATE, f"Finish(rank {ev.rank}): already finished")
     if not ev.ok and ev.fault is not FaultClass.SLOW:
         if phase is Phase.RUNCOMMAND:
-            return _ignore(status, Ignored.LATE, "Finish(not ok) while running: failures are Errors")
+            return _ignore(status, Ignored.LATE,
+                           "Finish(not ok) while running: failures are Errors")
         status = _set(status, pod)
         detail = ev.detail or (ev.fault.value if ev.fault else "check failed")
         if phase is Phase.TROUBLESHOOTING and ev.fault is FaultClass.CONTAINER:

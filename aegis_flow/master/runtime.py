@@ -12,6 +12,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ class Master:
         self.lock = asyncio.Lock()
         self.applied: list[tuple[str, float]] = []  # (event type, wall time applied): benchmarks
         self._ports: dict[int, int] = {}
+        self._timing = bool(os.environ.get("AEGIS_TIMING"))
 
     # -- persistence ------------------------------------------------------------------------
     def _doc(self) -> bytes:
@@ -103,6 +105,9 @@ class Master:
             new, effects = m.step(self.status, event, now=time.time())
             self.status = new
             self.applied.append((type(event).__name__, time.time()))
+            if self._timing and not isinstance(event, m.Ack):
+                log.info("AEGIS_APPLIED %s %s %.6f", type(event).__name__, new.phase.value,
+                         self.applied[-1][1])
             if before is not new.phase:
                 self.phase_since = time.monotonic()
                 if new.phase.terminal:
@@ -232,8 +237,6 @@ class Master:
                 await asyncio.wait_for(self.nc.drain(), 2)
         self._note(summary(self.status))
         if self.cfg.status_file:
-            import os
-
             tmp = self.cfg.status_file + ".tmp"
             with open(tmp, "wb") as fh:
                 fh.write(self._doc())

@@ -21,7 +21,8 @@ _SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
 
 
 class _Killable(Protocol):
-    running: bool
+    @property
+    def running(self) -> bool: ...
 
     def signal_group(self, sig: int) -> None: ...
 
@@ -105,3 +106,9 @@ class Injection:
         await asyncio.sleep(self.after)
         if child.running:
             child.signal_group(signal.SIGKILL)
+            import sys
+            import time
+
+            sys.stderr.write(f"[aegis-flow inject] AEGIS_KILLED rank {self.rank} "
+                             f"at {time.time():.6f}\n")
+            sys.stderr.flush()
