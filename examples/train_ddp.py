@@ -17,8 +17,12 @@ Output (everything else is silent):
 * every rank, at start: ``rank R/W restart_count C backend B``;
 * every rank that resumes: ``resumed from step X``;
 * every rank, right after its first optimizer step in this process:
-  ``AEGIS_FIRST_STEP <unix time>`` (the recovery benchmark reads it);
+  ``AEGIS_FIRST_STEP <unix time>`` and, on the next line,
+  ``AEGIS_FIRST_STEP_INFO rank R restart N pid P at <the same time>`` (N: AEGIS_RESTART_COUNT,
+  else TORCHELASTIC_RESTART_COUNT, else 0); the recovery benchmark reads them;
 * rank 0, every ``--checkpoint-every`` steps: ``step S loss L``;
+* every rank, at the end: ``AEGIS_RATE <steps/s>`` over the steps this process ran, not
+  counting the first one (``nan`` when it ran fewer than two; the overhead benchmark reads it);
 * rank 0, at the end: ``done: final step N, loss L, params checksum C``.
 
 Steps are numbered 1..N. After step S with S % K == 0, every rank meets at a barrier and rank 0
@@ -214,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     loss_fn = nn.MSELoss()
     loss_value = float("nan")
     first_step_reported = False
+    first_step_time = 0.0
     for step in range(last_done + 1, args.steps + 1):
         if step == args.fail_at_step and rank == args.fail_rank and restart_count == 0:
             print(f"rank {rank}: injected failure at step {step}", file=sys.stderr, flush=True)
@@ -226,7 +231,17 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()
         opt.step()
         if not first_step_reported:
-            print(f"AEGIS_FIRST_STEP {time.time():.6f}", flush=True)
+            first_step_time = time.time()
+            shown_restart = env_int(
+                "AEGIS_RESTART_COUNT", env_int("TORCHELASTIC_RESTART_COUNT", 0)
+            )
+            # one write, so the two lines stay together even in a shared pipe (torchrun)
+            print(
+                f"AEGIS_FIRST_STEP {first_step_time:.6f}\n"
+                f"AEGIS_FIRST_STEP_INFO rank {rank} restart {shown_restart} pid {os.getpid()} "
+                f"at {first_step_time:.6f}",
+                flush=True,
+            )
             first_step_reported = True
         report_progress(step)
         if step % args.checkpoint_every == 0 or step == args.steps:
@@ -239,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
                 save_checkpoint(ckpt_path, step, model, opt)
         if args.step_time > 0:
             time.sleep(args.step_time)
+
+    steps_run = max(0, args.steps - last_done)
+    elapsed = time.time() - first_step_time if steps_run >= 2 else 0.0
+    rate = (steps_run - 1) / elapsed if elapsed > 0 else float("nan")
+    print(f"AEGIS_RATE {rate:.3f}", flush=True)
 
     final_step = max(last_done, args.steps)
     if rank == 0:

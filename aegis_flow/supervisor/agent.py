@@ -329,5 +329,8 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.child.signal_group, sig)
+        reaper = asyncio.ensure_future(self._reap_loop()) if os.getpid() == 1 else None
         status = await self.child.wait()
+        if reaper is not None:
+            reaper.cancel()
         return status.shell_code

@@ -1,0 +1,107 @@
+"""The supervisor's process control: child lifecycle, signals, reaping, pre-warmed starts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from aegis_flow.supervisor import child as childmod
+from aegis_flow.supervisor.prewarm import Zygote, python_command
+
+ENV = {**os.environ, "AEGIS_PRELOAD": ""}
+
+
+def test_child_exit_codes_signals_and_tail() -> None:
+    async def go() -> None:
+        c = await childmod.start([sys.executable, "-c", "print('a'); print('b'); exit(3)"],
+                                 ENV, prefix="[t] ")
+        st = await c.wait()
+        assert (st.code, st.signal, st.tail, st.cause) == (3, None, ("a", "b"), "exit code 3")
+        c = await childmod.start(["sleep", "30"], ENV)
+        c.signal_group(signal.SIGKILL)
+        st = await c.wait()
+        assert st.signal == signal.SIGKILL and st.cause == "killed by SIGKILL"
+        assert st.shell_code == 128 + signal.SIGKILL
+    asyncio.run(go())
+
+
+def test_stop_escalates_to_sigkill_after_the_grace_period() -> None:
+    async def go() -> None:
+        c = await childmod.start(["sh", "-c", "trap '' TERM; sleep 30"], ENV)
+        await asyncio.sleep(0.2)
+        t0 = time.monotonic()
+        st = await c.stop(grace=0.5)
+        assert 0.4 < time.monotonic() - t0 < 5
+        assert st.signal == signal.SIGKILL
+    asyncio.run(go())
+
+
+def test_reap_orphans_reaps_only_unknown_children() -> None:
+    stray = subprocess.Popen(["true"])
+    time.sleep(0.3)  # now a zombie child of ours
+    assert childmod.reap_orphans(lambda pid: pid == stray.pid) == 0  # ours: left alone
+    assert childmod.reap_orphans(lambda pid: False) == 1
+    with pytest.raises(ChildProcessError):
+        os.waitpid(stray.pid, os.WNOHANG)
+
+
+def test_sigterm_is_forwarded_to_the_command_in_fallback_mode(tmp_path: Path) -> None:
+    script = tmp_path / "trap.sh"
+    script.write_text("trap 'echo got-term; exit 0' TERM\necho ready\nwhile :; do sleep 0.1; done\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aegis_flow.cli", "worker", "--job", "j", "--rank", "0",
+         "--world-size", "1", "--nats-url", "nats://127.0.0.1:1", "--connect-timeout", "1",
+         "--", "sh", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert "ready" in proc.stdout.readline()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert "got-term" in out
+    assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("cmd,expected", [
+    (["python", "train.py"], True), (["python3.11", "-u", "train.py", "--x"], True),
+    (["/usr/bin/python3", "-m", "pkg.mod"], True), (["python", "-c", "print(1)"], False),
+    (["torchrun", "train.py"], False), (["python"], False), (["sh", "-c", "x"], False),
+], ids=str)
+def test_which_commands_are_forked_from_the_prewarmed_interpreter(
+        cmd: list[str], expected: bool) -> None:
+    assert python_command(cmd) is expected
+
+
+def test_prewarmed_interpreter_runs_scripts_with_argv_env_and_exit_codes(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("import os, sys\nprint('argv', sys.argv[1:], os.environ['X'])\n"
+                      "sys.exit(int(sys.argv[1]))\n")
+    crash = tmp_path / "crash.py"
+    crash.write_text("raise RuntimeError('boom')\n")
+
+    async def go() -> None:
+        z = Zygote([sys.executable, str(script)], ENV)
+        try:
+            assert await z.ready(30)
+            c = await z.spawn([sys.executable, str(script), "5"], {**ENV, "X": "hello"},
+                              prefix="", tail_lines=5, on_line=None)
+            st = await c.wait()
+            assert st.code == 5 and "argv ['5'] hello" in st.tail
+            c = await z.spawn([sys.executable, str(crash)], ENV, prefix="", tail_lines=20,
+                              on_line=None)
+            st = await c.wait()
+            assert st.code == 1 and any("RuntimeError: boom" in line for line in st.tail)
+            c = await z.spawn([sys.executable, str(script), "0"], {**ENV, "X": "y"},
+                              prefix="", tail_lines=5, on_line=None)
+            c.signal_group(signal.SIGKILL)
+            st = await c.wait()
+            assert st.signal == signal.SIGKILL
+        finally:
+            z.close()
+        assert z.proc.poll() is not None
+    asyncio.run(go())
