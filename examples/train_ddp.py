@@ -232,9 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         opt.step()
         if not first_step_reported:
             first_step_time = time.time()
-            shown_restart = env_int(
-                "AEGIS_RESTART_COUNT", env_int("TORCHELASTIC_RESTART_COUNT", 0)
-            )
+            shown_restart = env_int("AEGIS_RESTART_COUNT", env_int("TORCHELASTIC_RESTART_COUNT", 0))
             # one write, so the two lines stay together even in a shared pipe (torchrun)
             print(
                 f"AEGIS_FIRST_STEP {first_step_time:.6f}\n"

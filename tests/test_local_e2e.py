@@ -177,6 +177,29 @@ def test_design_walkthrough_end_to_end(tmp_path: Path) -> None:
     assert_nothing_left(str(tmp_path))
 
 
+@pytest.mark.parametrize("fault,code,quarantined", [
+    ("hardware", "exit code 70", ["local-node-1"]),
+    ("container", "exit code 71", []),
+], ids=["node-fault-T10", "container-restart-T10c"])
+def test_failed_check_replaces_only_that_worker(tmp_path: Path, fault: str, code: str,
+                                                quarantined: list[str]) -> None:
+    """T10/T10c for real: the worker exits with the contract code, the runner (playing the
+    kubelet) starts it again — on a new node for a node fault — and the job recovers."""
+    job = Job(tmp_path, ["--workers", "2", "--max-retry", "2", *FAST,
+                         "--inject", "crash:rank=0:after=0.5s",
+                         "--inject", f"checkfail:rank=1:order=troubleshoot:epoch=1:fault={fault}"],
+              sleeper(tmp_path, 2))
+    assert job.wait(timeout=90) == 0, job.output
+    doc = job.status()
+    assert doc["status"]["phase"] == "Succeed"
+    assert retries(doc) == (1, 1)
+    assert doc["status"]["error_nodes"] == quarantined
+    assert f"worker 1 ended ({code})" in job.output
+    expected_node = "local-node-1-1" if quarantined else "local-node-1"
+    assert doc["status"]["workers"][1]["node"] == expected_node
+    assert_nothing_left(str(tmp_path))
+
+
 def test_status_and_stop(tmp_path: Path) -> None:
     job = Job(tmp_path, ["--workers", "2", *FAST], sleeper(tmp_path, 60))
     job.wait_for("restart 0", count=2)

@@ -321,13 +321,6 @@ def test_t3_worker_told_to_exit_is_resent_the_exit() -> None:
     assert sends(effects) == [Send(0, Order.EXIT, status.seq, exit_code=ExitCode.NODE_FAULT)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="machine.py re-sends EXIT only when the heartbeat's seq is older than status.seq; the "
-    "ExitWorker of T3/T10 carries the same seq as the hold broadcast, so a worker that got the "
-    "hold but lost the ExitWorker never gets the exit again and Restarting can only end by "
-    "Stop → Failed. DESIGN.md §2: 'Losing any one message delays progress; it never blocks it'.",
-)
 def test_lost_exit_order_is_resent_even_when_the_hold_arrived() -> None:
     status = bootchecking()
     status, _ = step(status, Finish(0, status.seq, ok=False, fault=FaultClass.HARDWARE))
@@ -336,13 +329,6 @@ def test_lost_exit_order_is_resent_even_when_the_hold_arrived() -> None:
     assert sends(effects) == [Send(0, Order.EXIT, status.seq, exit_code=ExitCode.NODE_FAULT)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="machine.py keeps the old pod's seq (max(pod.seq, ack.seq)) when a NEW incarnation "
-    "acks, so the new pod's heartbeat showing seq 0 < status.seq gets no re-send of the current "
-    "order (here: the hold) while another worker is still restarting. DESIGN.md §2: 'the "
-    "master re-sends the current order to a worker whose heartbeat shows an older seq'.",
-)
 def test_new_incarnation_heartbeat_with_older_seq_is_resent() -> None:
     status = troubleshooting(rank=0)
     status, _ = step(status, Lost(2))  # T7: Restarting, hold at a new seq

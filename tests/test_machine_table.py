@@ -166,6 +166,14 @@ def test_t10c_troubleshoot_container_fault_restarts_the_container() -> None:
     assert transitions(effects) == ["T10c"]
 
 
+def test_t10_transient_diagnosis_does_not_quarantine() -> None:
+    status = troubleshooting(rank=0)
+    status, effects = step(status, Finish(1, status.seq, ok=False, fault=FaultClass.TRANSIENT))
+    assert quarantines(effects) == []
+    assert ExitWorker(1, ExitCode.NODE_FAULT, status.seq) not in effects
+    assert status.error_nodes == frozenset()
+
+
 # ------------------------------------------------------------------ T5 / T6 / T14
 
 

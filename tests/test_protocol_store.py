@@ -105,13 +105,16 @@ def test_memory_store_compare_and_set() -> None:
     ("exit:rank=0:code=3:after=8", Injection("exit", 0, 8.0, 3)),
     ("crash:rank=2:epoch=all", Injection("crash", 2, 0.0, 1, None)),
     ("die:rank=1:order=troubleshoot:epoch=1", Injection("die", 1, 0.0, 1, 1, "troubleshoot")),
+    ("checkfail:rank=0:fault=container", Injection("checkfail", 0, 0.0, 1, 0, "troubleshoot",
+                                                   "container")),
 ])
 def test_inject_specs_parse(spec: str, expected: Injection) -> None:
     assert Injection.parse(spec) == expected
 
 
 @pytest.mark.parametrize("spec", ["boom:rank=1", "crash", "crash:rank=x", "crash:rank=1:x=2",
-                                  "exit:rank=0:code=300", "crash:rank=1:after=-1"])
+                                  "exit:rank=0:code=300", "crash:rank=1:after=-1",
+                                  "checkfail:rank=0:fault=cosmic"])
 def test_bad_inject_specs_say_what_is_wrong(spec: str) -> None:
     with pytest.raises(InjectionError):
         Injection.parse(spec)

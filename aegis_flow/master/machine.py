@@ -389,10 +389,15 @@ def _replace_worker(
     """T3/T7/T10/T10c (uncounted replacement during recovery) with the flap guard."""
     pod = status.workers[rank]
     counted = pod.flaps >= status.flap_limit
+    effects: list[Effect] = []
+    if exit_code is ExitCode.NODE_FAULT and pod.node:  # a broken node stays broken
+        status = replace(status, error_nodes=status.error_nodes | {pod.node})
+        effects.append(Quarantine(rank, pod.node))
     if counted:
         outcome = _count(status, rank, cause, row)
         if isinstance(outcome, tuple):
-            return outcome
+            failed, more = outcome
+            return failed, [*more, *effects]
         status = outcome
         pod = status.workers[rank]
     pod = replace(
@@ -404,10 +409,6 @@ def _replace_worker(
         hanging=False,
     )
     status = _set(status, pod)
-    effects: list[Effect] = []
-    if exit_code is ExitCode.NODE_FAULT and pod.node:
-        status = replace(status, error_nodes=status.error_nodes | {pod.node})
-        effects.append(Quarantine(rank, pod.node))
     note = " (counted: flap limit reached)" if counted else ""
     message = f"{row}: rank {rank} is being replaced ({cause}){note}"
     if status.phase is Phase.RESTARTING:  # already holding: no new round
@@ -530,10 +531,13 @@ def _on_ack(status: Status, ev: Ack, now: float) -> Result:
     if ev.seq > status.seq and status.phase is not Phase.PENDING:
         return _ignore(status, Ignored.FUTURE,
                        f"Ack(rank {ev.rank}) for seq {ev.seq} > {status.seq}")
-    seq = min(max(pod.seq, ev.seq), status.seq)
     new_incarnation = pod.incarnation is not None and ev.incarnation != pod.incarnation
-    pod = replace(pod, seq=seq, updated=now, node=ev.node or pod.node,
-                  pod_ip=ev.pod_ip or pod.pod_ip)
+    # a new pod knows nothing of its predecessor's seq: track what *it* has seen
+    seq = min(ev.seq if new_incarnation else max(pod.seq, ev.seq), status.seq)
+    old = pod
+    pod = replace(pod, seq=seq, node=ev.node or pod.node, pod_ip=ev.pod_ip or pod.pod_ip)
+    if pod != old or new_incarnation or pod.incarnation is None:
+        pod = replace(pod, updated=now)  # a bare heartbeat changes nothing: nothing to persist
     phase = status.phase
 
     if phase is Phase.PENDING:  # Pending exception: any seq
@@ -549,9 +553,10 @@ def _on_ack(status: Status, ev: Ack, now: float) -> Result:
 
     if pod.restarting:
         back = new_incarnation or pod.exit_code is None
-        if not back:  # old pod still there: it must make its exit first
+        if not back:  # the old pod is still there: re-send its exit, whatever seq it shows
             status = _set(status, pod)
-            return status, _resend(status, pod)
+            assert pod.exit_code is not None
+            return status, [Send(pod.rank, Order.EXIT, status.seq, exit_code=pod.exit_code)]
         return _return_worker(status, replace(pod, incarnation=ev.incarnation))
 
     if new_incarnation:
@@ -608,7 +613,11 @@ def _on_finish(status: Status, ev: Finish) -> Result:
         return _ignore(status, Ignored.LATE, f"Finish(rank {ev.rank}) in {phase.value}")
     if pod.finished:
         return _ignore(status, Ignored.LATE, f"Finish(rank {ev.rank}): already finished")
-    if not ev.ok and ev.fault is not FaultClass.SLOW:
+    # a slow node is only marked, and in troubleshooting a transient diagnosis means "restart
+    # in place" (L1): both count as passed (DESIGN.md, decision table). Bootcheck is T3.
+    passes = ev.ok or ev.fault is FaultClass.SLOW or (
+        ev.fault is FaultClass.TRANSIENT and phase is Phase.TROUBLESHOOTING)
+    if not passes:
         if phase is Phase.RUNCOMMAND:
             return _ignore(status, Ignored.LATE,
                            "Finish(not ok) while running: failures are Errors")
@@ -619,9 +628,8 @@ def _on_finish(status: Status, ev: Finish) -> Result:
                                    exit_code=ExitCode.CONTAINER_RESTART)
         row = "T3" if phase is Phase.BOOTCHECKING else "T10"
         return _replace_worker(status, ev.rank, detail, row, exit_code=ExitCode.NODE_FAULT)
-    # ok (a slow node is marked only: DESIGN.md, decision table)
     inner = Phase.SUCCEED if phase is Phase.RUNCOMMAND else phase
-    reason = ev.detail if ev.fault is FaultClass.SLOW else pod.last_reason
+    reason = ev.detail if not ev.ok else pod.last_reason
     status = _set(status, replace(pod, finished=True, phase=inner, last_reason=reason))
     if not all(p.finished for p in status.workers):
         return status, [Log(f"rank {ev.rank} finished {phase.value}")]

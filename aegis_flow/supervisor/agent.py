@@ -146,14 +146,18 @@ class Supervisor:
         if msg.rank not in (-1, self.cfg.rank):
             return
         self.last_order_at = time.monotonic()
-        if msg.seq <= self.seq:
+        order = str(msg.data.get("order", ""))
+        # an exit is sent to one worker with the seq of the hold broadcast that came with it
+        personal_exit = order == "exit" and msg.rank == self.cfg.rank and msg.seq == self.seq
+        if msg.seq <= self.seq and not personal_exit:
             return  # duplicate or stale order
+        if self.exit_code is not None and self.exit_code.done():
+            return  # already leaving
         self.seq = msg.seq
         self.last_report = None
-        order = str(msg.data.get("order", ""))
         epoch = int(msg.data.get("restart_count", 0))
         for i, inj in enumerate(self.cfg.injections):
-            if inj.die_now(self.cfg.rank, epoch, order, self.cfg.work_dir, i):
+            if inj.fires("die", self.cfg.rank, epoch, order, self.cfg.work_dir, i):
                 _warn(f"injected fault: this supervisor dies on order {order!r}")
                 os.kill(os.getpid(), signal.SIGKILL)
         if self.activity is not None and not self.activity.done():
@@ -171,6 +175,10 @@ class Supervisor:
             self.phase = "BootChecking" if order == "bootcheck" else "Troubleshooting"
             await self._stop_child()
             ok, fault, detail = await self.checks(order, self.cfg)
+            epoch = int(msg.data.get("restart_count", 0))
+            for i, inj in enumerate(self.cfg.injections):
+                if inj.fires("checkfail", self.cfg.rank, epoch, order, self.cfg.work_dir, i):
+                    ok, fault, detail = False, inj.fault, f"injected {inj.fault} fault"
             await self.report(p.MsgType.FINISH, {"ok": ok, "fault": fault, "detail": detail})
         elif order == "run":
             self.phase = "RunCommand"

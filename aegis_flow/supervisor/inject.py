@@ -2,7 +2,8 @@
 
 ``crash`` SIGKILLs the rank's training process ``after`` seconds into its run; ``die`` SIGKILLs the
 rank's *supervisor* when it receives ``order=NAME`` (once per job: a marker file in the work dir
-remembers it), which makes the worker Lost and replaced; ``exit`` makes the
+remembers it), which makes the worker Lost and replaced; ``checkfail`` makes the rank's checks
+for ``order=bootcheck|troubleshoot`` fail once with ``fault=hardware|container``; ``exit`` makes the
 training process itself call ``os._exit(code)`` after that delay (a ``sitecustomize`` put on the
 child's PYTHONPATH starts the timer, so it works for any Python command). ``epoch=N`` selects the
 run epoch (AEGIS_RESTART_COUNT) it applies to (default 0, the first run); ``epoch=all`` applies to
@@ -49,21 +50,22 @@ class Injection:
     after: float = 0.0
     code: int = 1
     epoch: int | None = 0  # None: every epoch
-    order: str = "run"  # die: the order on whose arrival the supervisor dies
+    order: str = "run"  # die/checkfail: the order it applies to
+    fault: str = "hardware"  # checkfail: the diagnosis reported
 
     @classmethod
     def parse(cls, spec: str) -> Injection:
         """Parse ``KIND:key=value:...``; raises InjectionError naming the bad part."""
         kind, _, rest = spec.partition(":")
-        if kind not in ("crash", "exit", "die"):
-            raise InjectionError(
-                f"{spec!r}: the kind must be 'crash', 'exit' or 'die', not {kind!r}")
+        if kind not in ("crash", "exit", "die", "checkfail"):
+            raise InjectionError(f"{spec!r}: the kind must be 'crash', 'exit', 'die' or "
+                                 f"'checkfail', not {kind!r}")
         fields: dict[str, str] = {}
         for part in filter(None, rest.split(":")):
             key, eq, value = part.partition("=")
-            if not eq or key not in ("rank", "after", "code", "epoch", "order"):
+            if not eq or key not in ("rank", "after", "code", "epoch", "order", "fault"):
                 raise InjectionError(f"{spec!r}: unknown part {part!r} (expected rank=N, "
-                                     "after=5s, code=N, epoch=N|all, order=NAME)")
+                                     "after=5s, code=N, epoch=N|all, order=NAME, fault=F)")
             fields[key] = value
         if "rank" not in fields:
             raise InjectionError(f"{spec!r}: rank=N is required")
@@ -75,17 +77,22 @@ class Injection:
             raise InjectionError(f"{spec!r}: rank, code and epoch must be whole numbers") from None
         if rank < 0 or not 0 <= code <= 255:
             raise InjectionError(f"{spec!r}: rank must be >= 0 and code within 0..255")
-        return cls(kind, rank, _seconds(fields.get("after", "0")), code, epoch,
-                   fields.get("order", "run"))
+        fault = fields.get("fault", "hardware")
+        if fault not in ("hardware", "container", "transient", "slow"):
+            raise InjectionError(f"{spec!r}: fault must be hardware, container, transient or "
+                                 "slow")
+        order = fields.get("order", "troubleshoot" if kind == "checkfail" else "run")
+        return cls(kind, rank, _seconds(fields.get("after", "0")), code, epoch, order, fault)
 
     def applies(self, rank: int, epoch: int) -> bool:
         return self.rank == rank and (self.epoch is None or self.epoch == epoch)
 
-    def die_now(self, rank: int, epoch: int, order: str, work_dir: str, index: int) -> bool:
-        """For ``die``: True (once per job) when this order should kill the supervisor."""
-        if self.kind != "die" or order != self.order or not self.applies(rank, epoch):
+    def fires(self, kind: str, rank: int, epoch: int, order: str, work_dir: str,
+              index: int) -> bool:
+        """For ``die``/``checkfail``: True, once per job, when this order triggers it."""
+        if self.kind != kind or order != self.order or not self.applies(rank, epoch):
             return False
-        marker = os.path.join(work_dir, f".aegis-inject-die-{index}")
+        marker = os.path.join(work_dir, f".aegis-inject-{kind}-{index}")
         try:
             os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
