@@ -56,19 +56,20 @@ INFO_RE = re.compile(r"AEGIS_FIRST_STEP_INFO rank (\d+) restart (\d+) pid (\d+) 
 KILLED_RE = re.compile(r"AEGIS_KILLED rank (\d+) at (\d+\.\d+)")
 ERROR_RE = re.compile(r"AEGIS_APPLIED Error \S+ (\d+\.\d+)")
 RATE_RE = re.compile(r"AEGIS_RATE (\S+)")
+MIN_TRAINING = 1.0  # torchrun: seconds of training (every rank) before the kill, at least
 
 
 # --------------------------------------------------------------------------- processes
 
 
-def _proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, ppid, starttime in clock ticks) of a live pid, None if it is gone."""
+def _proc_stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, ppid, starttime, utime + stime) of a live pid (clock ticks), None if it is gone."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = raw[raw.rindex(")") + 2 :].split()
-    return fields[0], int(fields[1]), int(fields[19])
+    return fields[0], int(fields[1]), int(fields[19]), int(fields[11]) + int(fields[12])
 
 
 def _alive(pid: int, start: int) -> bool:
@@ -85,38 +86,70 @@ def proc_start_time(pid: int) -> float | None:
     return time.time() - uptime + st[2] / os.sysconf("SC_CLK_TCK")
 
 
-class Tree:
-    """Remembers every descendant of ``root`` seen while it runs, to kill them all at the end."""
+def _children(pid: int) -> list[int]:
+    """Children of every thread of ``pid`` (cheap: no walk over all of /proc)."""
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError):
+                out += map(int, Path(f"/proc/{pid}/task/{tid}/children").read_text().split())
+    return out
 
-    def __init__(self, root: int) -> None:
+
+class Tree:
+    """Remembers every descendant of ``root`` seen while it runs, to kill them all at the end.
+
+    With ``sample=True`` it also keeps (time, {pid: CPU ticks}) every ``interval`` seconds.
+    """
+
+    def __init__(self, root: int, interval: float = 0.5, sample: bool = False) -> None:
         self.root = root
         self.seen: dict[int, int] = {}  # pid -> starttime
+        self.samples: list[tuple[float, dict[int, int]]] = []
+        self._sample = sample
+        self._interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
 
     def scan(self) -> None:
-        children: dict[int, list[int]] = {}
-        starts: dict[int, int] = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            st = _proc_stat(int(entry))
-            if st is not None:
-                children.setdefault(st[1], []).append(int(entry))
-                starts[int(entry)] = st[2]
+        cpu: dict[int, int] = {}
         frontier = [self.root, *self.seen]  # a remembered orphan's children count too
+        done: set[int] = set()
         while frontier:
             pid = frontier.pop()
-            for child in children.get(pid, []):
-                if child not in self.seen or self.seen[child] != starts[child]:
-                    self.seen[child] = starts[child]
-                    frontier.append(child)
+            if pid in done:
+                continue
+            done.add(pid)
+            for child in _children(pid):
+                st = _proc_stat(child)
+                if st is None:
+                    continue
+                if self.seen.get(child) != st[2]:
+                    self.seen[child] = st[2]
+                frontier.append(child)
+        if self._sample:
+            for pid, start in self.seen.items():
+                st = _proc_stat(pid)
+                if st is not None and st[2] == start:
+                    cpu[pid] = st[3]
+            self.samples.append((time.time(), cpu))
 
     def _watch(self) -> None:
-        while not self._stop.wait(0.25):
+        with contextlib.suppress(Exception):
+            self.scan()
+        while not self._stop.wait(self._interval):
             with contextlib.suppress(Exception):
                 self.scan()
+
+    def cpu_between(self, t0: float, t1: float, exclude: set[int]) -> float | None:
+        """CPU seconds used by the remembered processes not in ``exclude`` within [t0, t1]."""
+        inside = [(t, c) for t, c in self.samples if t0 <= t <= t1]
+        if len(inside) < 2:
+            return None
+        (_, a), (_, b) = inside[0], inside[-1]
+        ticks = sum(b[pid] - a[pid] for pid in b if pid in a and pid not in exclude)
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     def alive(self) -> list[int]:
         return [pid for pid, start in self.seen.items() if _alive(pid, start)]
@@ -147,7 +180,9 @@ class Line:
 class Proc:
     """A command in its own session; both output streams read into ``lines`` and a log file."""
 
-    def __init__(self, cmd: Sequence[str], env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self, cmd: Sequence[str], env: dict[str, str], log: Path, sample: bool = False
+    ) -> None:
         self.lines: list[Line] = []
         self.cond = threading.Condition()
         self.log = log.open("w")
@@ -160,7 +195,7 @@ class Proc:
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        self.tree = Tree(self.p.pid)
+        self.tree = Tree(self.p.pid, sample=sample)
         self.readers = [
             threading.Thread(target=self._read, args=(s,), daemon=True)
             for s in (self.p.stdout, self.p.stderr)
@@ -336,7 +371,7 @@ def aegis_trial(a: argparse.Namespace, i: int, work: Path) -> Trial:
             tr.why = "no AEGIS_KILLED line (job ended before the kill?)"
         if kill is not None:
             t_kill = float(kill[2])
-            first = {}  # rank -> pid in the epoch of the kill (restart 0)
+            first: dict[int, int] = {}  # rank -> pid in the epoch of the kill (restart 0)
             for rank, restart, pid, _t in infos(lines):
                 if restart == 0:
                     first.setdefault(rank, pid)
@@ -399,7 +434,9 @@ def torchrun_trial(a: argparse.Namespace, i: int, work: Path) -> Trial:
             return tr
         victim = pids[1]
         started = proc_start_time(victim)
-        kill_at = max(time.time(), (started or 0.0) + a.kill_after)
+        # as aegis-flow's inject: --kill-after after the process started, but only once every
+        # rank has trained for a while (a cold start can take longer than --kill-after)
+        kill_at = max(time.time() + MIN_TRAINING, (started or 0.0) + a.kill_after)
         while time.time() < kill_at and proc.p.poll() is None:
             time.sleep(min(0.05, max(0.0, kill_at - time.time())))
         if proc.p.poll() is not None or _proc_stat(victim) is None:
@@ -439,7 +476,13 @@ def rates(text: str) -> list[float]:
     return [float(m[1]) for m in RATE_RE.finditer(text)]
 
 
-def overhead_run(a: argparse.Namespace, kind: str, i: int, work: Path) -> float | None:
+@dataclass
+class Run:
+    rate: float | None  # steps/s, mean over ranks; None: the run failed
+    cpu: float | None = None  # aegis-flow: its own processes' CPU during training, cores
+
+
+def overhead_run(a: argparse.Namespace, kind: str, i: int, work: Path) -> Run:
     d = work / f"overhead-{kind}-{i:02d}"
     d.mkdir(parents=True)
     targs = [
@@ -485,13 +528,23 @@ def overhead_run(a: argparse.Namespace, kind: str, i: int, work: Path) -> float 
             ]
             if a.no_prewarm:
                 cmd.append("--no-prewarm")
-            procs.append(Proc([*cmd, "--", PYTHON, *targs], base_env(), d / "log.txt"))
+            procs.append(Proc([*cmd, "--", PYTHON, *targs], base_env(), d / "log.txt", True))
         codes = [p.wait_exit(deadline) for p in procs]
         found = [x for p in procs for x in rates(p.text())]
         if codes != [0] * len(procs) or len(found) != 2:
             print(f"  overhead {kind} #{i}: exit codes {codes}, rates {found}: see {d}", flush=True)
-            return None
-        return statistics.fmean(found)
+            return Run(None)
+        run = Run(statistics.fmean(found))
+        if kind == "aegis":
+            lines = list(procs[0].lines)
+            steps = infos(lines)
+            ends = [ln.t for ln in lines if RATE_RE.search(ln.text)]
+            if steps and ends:
+                t0, t1 = max(t for *_, t in steps), min(ends)
+                used = procs[0].tree.cpu_between(t0, t1, {pid for _, _, pid, _ in steps})
+                if used is not None and t1 > t0:
+                    run.cpu = used / (t1 - t0)
+        return run
     finally:
         for p in procs:
             p.finish()
@@ -521,7 +574,7 @@ def table(head: list[str], rows: list[list[str]]) -> str:
 def report(
     a: argparse.Namespace,
     trials: list[Trial],
-    over: dict[str, list[float | None]],
+    over: dict[str, list[Run]],
     meta: dict[str, str],
 ) -> str:
     parts = [
@@ -585,36 +638,42 @@ def report(
         )
         parts.append("Per trial, in order (seconds):\n\n" + "\n".join(raw))
     if over:
-        bare = [x for x in over["bare"] if x is not None]
-        aeg = [x for x in over["aegis"] if x is not None]
+        bare = [r.rate for r in over["bare"] if r.rate is not None]
+        aeg = [r.rate for r in over["aegis"] if r.rate is not None]
+        cpu = [r.cpu for r in over["aegis"] if r.cpu is not None]
         mb = statistics.median(bare) if bare else None
         ma = statistics.median(aeg) if aeg else None
         ratio = f"{ma / mb * 100:.1f}%" if mb and ma else "—"
+        mc = f"{statistics.median(cpu) * 100:.1f}%" if cpu else "—"
+        head = [
+            "bare runs",
+            "aegis-flow runs",
+            "bare median",
+            "aegis-flow median",
+            "aegis-flow / bare",
+            "aegis-flow's own CPU (median)",
+        ]
+        row = [
+            f"{len(bare)}/{len(over['bare'])}",
+            f"{len(aeg)}/{len(over['aegis'])}",
+            fmt(mb, digits=1),
+            fmt(ma, digits=1),
+            ratio,
+            mc,
+        ]
         parts.append(
             f"**Supervision overhead** (2 ranks, {a.overhead_steps} steps, --step-time 0, no "
-            "checkpoints, no fault; steps/s after the first step, mean over ranks):\n\n"
-            + table(
-                [
-                    "bare runs",
-                    "aegis-flow runs",
-                    "bare median",
-                    "aegis-flow median",
-                    "aegis-flow / bare",
-                ],
-                [
-                    [
-                        f"{len(bare)}/{len(over['bare'])}",
-                        f"{len(aeg)}/{len(over['aegis'])}",
-                        fmt(mb, digits=1),
-                        fmt(ma, digits=1),
-                        ratio,
-                    ]
-                ],
-            )
-            + "\n\nPer run (steps/s): bare "
-            + ", ".join(fmt(x, digits=1) for x in over["bare"])
+            "checkpoints, no fault; steps/s after the first step, mean over ranks; "
+            "aegis-flow's own CPU: what its master, supervisors, zygotes, CLI and nats-server "
+            "used while both ranks trained, in % of one core):\n\n"
+            + table(head, [row])
+            + "\n\nPer run, in order (steps/s): bare "
+            + ", ".join(fmt(r.rate, digits=1) for r in over["bare"])
             + "; aegis-flow "
-            + ", ".join(fmt(x, digits=1) for x in over["aegis"])
+            + ", ".join(fmt(r.rate, digits=1) for r in over["aegis"])
+            + " (own CPU "
+            + ", ".join(fmt(r.cpu, 100, 1) for r in over["aegis"])
+            + " %)"
         )
     return "\n\n".join(parts) + "\n"
 
@@ -630,7 +689,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--kill-after",
         type=float,
         default=3.0,
-        help="kill rank 1 this long after its process started (3 s)",
+        help="kill rank 1 this long after its process started (3 s; torchrun: and at least "
+        f"{MIN_TRAINING:g} s after every rank's first step)",
     )
     p.add_argument("--timeout", type=float, default=90.0, help="per trial, seconds (90)")
     p.add_argument(
@@ -648,7 +708,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=5,
         help="overhead runs per variant (5; 0 skips the overhead measurement)",
     )
-    p.add_argument("--overhead-steps", type=int, default=300, help="steps per overhead run")
+    p.add_argument("--overhead-steps", type=int, default=1000, help="steps per overhead run (1000)")
     p.add_argument("--work-dir", type=Path, help="logs and checkpoints (default: a temp dir)")
     p.add_argument("--keep-logs", action="store_true", help="keep logs of good trials too")
     p.add_argument("--out", type=Path, help="also write the tables here, as markdown")
@@ -685,14 +745,18 @@ def main(argv: list[str] | None = None) -> int:
             )
             if tr.ok and not tr.leftover and not a.keep_logs and tr.log:
                 shutil.rmtree(tr.log.parent, ignore_errors=True)
-    over: dict[str, list[float | None]] = {}
+    over: dict[str, list[Run]] = {}
     if a.overhead_runs:
         over = {"bare": [], "aegis": []}
         for i in range(a.overhead_runs):
             for kind in ("bare", "aegis") if i % 2 == 0 else ("aegis", "bare"):
                 r = overhead_run(a, kind, i, work)
                 over[kind].append(r)
-                print(f"  overhead {kind:5s} #{i + 1}: {fmt(r, digits=1)} steps/s", flush=True)
+                own = f" (own CPU {r.cpu * 100:.1f}% of a core)" if r.cpu is not None else ""
+                print(
+                    f"  overhead {kind:5s} #{i + 1}: {fmt(r.rate, digits=1)} steps/s{own}",
+                    flush=True,
+                )
     wall = time.monotonic() - t0
     meta = {
         "start": start.strftime("%Y-%m-%d %H:%M"),
@@ -707,7 +771,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(text)
-    clean = all(t.ok and not t.leftover for t in trials) and None not in sum(over.values(), [])
+    runs = [r for rs in over.values() for r in rs]
+    clean = all(t.ok and not t.leftover for t in trials) and all(r.rate for r in runs)
     if not a.keep_logs and not a.work_dir and clean:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -54,7 +54,8 @@ def test_reap_orphans_reaps_only_unknown_children() -> None:
 
 def test_sigterm_is_forwarded_to_the_command_in_fallback_mode(tmp_path: Path) -> None:
     script = tmp_path / "trap.sh"
-    script.write_text("trap 'echo got-term; exit 0' TERM\necho ready\nwhile :; do sleep 0.1; done\n")
+    script.write_text("trap 'echo got-term; exit 0' TERM\necho ready\n"
+                      "while :; do sleep 0.1; done\n")
     proc = subprocess.Popen(
         [sys.executable, "-m", "aegis_flow.cli", "worker", "--job", "j", "--rank", "0",
          "--world-size", "1", "--nats-url", "nats://127.0.0.1:1", "--connect-timeout", "1",
@@ -79,7 +80,8 @@ def test_which_commands_are_forked_from_the_prewarmed_interpreter(
 
 def test_prewarmed_interpreter_runs_scripts_with_argv_env_and_exit_codes(tmp_path: Path) -> None:
     script = tmp_path / "s.py"
-    script.write_text("import os, sys\nprint('argv', sys.argv[1:], os.environ['X'])\n"
+    script.write_text("import os, sys, time\nprint('argv', sys.argv[1:], os.environ['X'])\n"
+                      "time.sleep(float(os.environ.get('NAP', '0')))\n"
                       "sys.exit(int(sys.argv[1]))\n")
     crash = tmp_path / "crash.py"
     crash.write_text("raise RuntimeError('boom')\n")
@@ -96,7 +98,7 @@ def test_prewarmed_interpreter_runs_scripts_with_argv_env_and_exit_codes(tmp_pat
                               on_line=None)
             st = await c.wait()
             assert st.code == 1 and any("RuntimeError: boom" in line for line in st.tail)
-            c = await z.spawn([sys.executable, str(script), "0"], {**ENV, "X": "y"},
+            c = await z.spawn([sys.executable, str(script), "0"], {**ENV, "X": "y", "NAP": "30"},
                               prefix="", tail_lines=5, on_line=None)
             c.signal_group(signal.SIGKILL)
             st = await c.wait()

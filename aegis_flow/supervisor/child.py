@@ -111,10 +111,21 @@ class Child:
         return self.status
 
     def signal_group(self, sig: int) -> None:
+        """Signal the child's process group, or the child alone if it has none yet.
+
+        (A child forked by the pre-warmed interpreter calls setsid() itself, so for an instant
+        after it starts there is no group of its own.)
+        """
         try:
             os.killpg(self.pid, sig)
+            return
         except (ProcessLookupError, PermissionError):
             pass
+        if self.running:
+            try:
+                os.kill(self.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     async def stop(self, grace: float = 5.0) -> ExitStatus:
         """SIGTERM the process group, wait ``grace`` seconds, then SIGKILL it."""
