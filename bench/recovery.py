@@ -55,6 +55,7 @@ TORCHRUN = str(Path(PYTHON).parent / "torchrun")
 INFO_RE = re.compile(r"AEGIS_FIRST_STEP_INFO rank (\d+) restart (\d+) pid (\d+) at (\d+(?:\.\d+)?)")
 KILLED_RE = re.compile(r"AEGIS_KILLED rank (\d+) at (\d+\.\d+)")
 ERROR_RE = re.compile(r"AEGIS_APPLIED Error \S+ (\d+\.\d+)")
+RUN_RE = re.compile(r"AEGIS_APPLIED \S+ RunCommand (\d+\.\d+)")
 RATE_RE = re.compile(r"AEGIS_RATE (\S+)")
 MIN_TRAINING = 1.0  # torchrun: seconds of training (every rank) before the kill, at least
 
@@ -208,7 +209,7 @@ class Proc:
             text = raw.decode(errors="replace").rstrip("\n")
             with self.cond:
                 self.lines.append(Line(time.time(), text))
-                self.log.write(text + "\n")
+                self.log.write(f"{time.time():.6f} {text}\n")
                 self.cond.notify_all()
         with self.cond:
             self.cond.notify_all()
@@ -290,6 +291,8 @@ class Trial:
     ok: bool = False
     recovery: float | None = None
     detection: float | None = None
+    ordered: float | None = None  # aegis-flow: kill -> the master ordered the new run
+    startup: float | None = None  # launch -> every rank finished its first step (epoch 0)
     why: str = ""
     leftover: list[int] = field(default_factory=list)
     wall: float = 0.0
@@ -356,6 +359,7 @@ def aegis_trial(a: argparse.Namespace, i: int, work: Path) -> Trial:
     env["AEGIS_TIMING"] = "1"
     t0 = time.monotonic()
     deadline = t0 + a.timeout
+    launched = time.time()
     proc = Proc(cmd, env, d / "log.txt")
     tr.log = d / "log.txt"
     try:
@@ -372,9 +376,13 @@ def aegis_trial(a: argparse.Namespace, i: int, work: Path) -> Trial:
         if kill is not None:
             t_kill = float(kill[2])
             first: dict[int, int] = {}  # rank -> pid in the epoch of the kill (restart 0)
-            for rank, restart, pid, _t in infos(lines):
+            epoch0: dict[int, float] = {}
+            for rank, restart, pid, t in infos(lines):
                 if restart == 0:
                     first.setdefault(rank, pid)
+                    epoch0.setdefault(rank, t)
+            if len(epoch0) == a.workers:
+                tr.startup = max(epoch0.values()) - launched
             times = new_epoch_times(lines, first, a.workers) if len(first) == a.workers else None
             if times is None:  # killed before every rank's first step: use the restart count
                 by_rank: dict[int, float] = {}
@@ -391,6 +399,11 @@ def aegis_trial(a: argparse.Namespace, i: int, work: Path) -> Trial:
                 m = ERROR_RE.search(ln.text)
                 if m and float(m[1]) >= t_kill - 1.0:
                     tr.detection = float(m[1]) - t_kill
+                    break
+            for ln in lines:
+                m = RUN_RE.search(ln.text)
+                if m and float(m[1]) >= t_kill:
+                    tr.ordered = float(m[1]) - t_kill
                     break
         tr.ok = not tr.why and tr.recovery is not None
     finally:
@@ -414,6 +427,7 @@ def torchrun_trial(a: argparse.Namespace, i: int, work: Path) -> Trial:
     ]
     t0 = time.monotonic()
     deadline = t0 + a.timeout
+    launched = time.time()
     proc = Proc(cmd, base_env(), d / "log.txt")
     tr.log = d / "log.txt"
     n = a.workers
@@ -432,6 +446,7 @@ def torchrun_trial(a: argparse.Namespace, i: int, work: Path) -> Trial:
                 f" (exit code {rc})" if rc is not None else f" within {a.timeout:.0f} s"
             )
             return tr
+        tr.startup = max(t for r, _, pid, t in infos(proc.lines) if pids[r] == pid) - launched
         victim = pids[1]
         started = proc_start_time(victim)
         # as aegis-flow's inject: --kill-after after the process started, but only once every
@@ -631,6 +646,27 @@ def report(
             "- median wall time of a whole trial: "
             + ", ".join(f"{s} {w:.1f} s" for s, w in walls.items())
         )
+        starts = {
+            s: [t.startup for t in trials if t.system == s and t.startup is not None]
+            for s in systems
+        }
+        raw.append(
+            "- median first start (launch → every rank finished its first step, epoch 0): "
+            + ", ".join(f"{s} {statistics.median(v):.1f} s" for s, v in starts.items() if v)
+        )
+        good = [t for t in trials if t.system == "aegis-flow" and t.ok]
+        steps = [
+            (t.detection, t.ordered, t.recovery)
+            for t in good
+            if t.detection is not None and t.ordered is not None and t.recovery is not None
+        ]
+        if steps:
+            med = [statistics.median(x) for x in zip(*steps, strict=True)]
+            raw.append(
+                f"- aegis-flow, medians from the kill: master applied the Error "
+                f"{med[0] * 1e3:.0f} ms → master ordered the new run {med[1] * 1e3:.0f} ms → "
+                f"every rank finished its first step {med[2]:.2f} s"
+            )
         leaks = [f"{t.system} #{t.index}: {len(t.leftover)}" for t in trials if t.leftover]
         raw.append(
             "- processes still alive after the system exited by itself: "

@@ -19,279 +19,41 @@ state-based re-send that makes a lost order harmless).
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-# --------------------------------------------------------------------------- states
-
-
-class Phase(enum.Enum):
-    """Global phase of the job, also used as each worker's inner phase."""
-
-    PENDING = "Pending"
-    BOOTCHECKING = "BootChecking"
-    RUNCOMMAND = "RunCommand"
-    RESTARTING = "Restarting"
-    TROUBLESHOOTING = "Troubleshooting"
-    SUCCEED = "Succeed"
-    FAILED = "Failed"
-    INDEPENDENT = "Independent"
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL_PHASES
-
-
-TERMINAL_PHASES = frozenset({Phase.SUCCEED, Phase.FAILED, Phase.INDEPENDENT})
-LIVE_PHASES = frozenset(set(Phase) - TERMINAL_PHASES)
-
-
-class Order(enum.Enum):
-    """What the master tells workers to do. Each phase has exactly one current order."""
-
-    BOOTCHECK = "bootcheck"
-    RUN = "run"
-    TROUBLESHOOT = "troubleshoot"
-    HOLD = "hold"  # stop training (if any) and wait
-    QUIT = "quit"
-    RUN_INDEPENDENT = "run-independent"
-    EXIT = "exit"  # leave with an exit code (node fault / container restart); per worker only
-
-
-class FaultClass(enum.Enum):
-    """Diagnosis of a failed check (DESIGN.md §2, decision table)."""
-
-    TRANSIENT = "transient"  # L1: restart the process in place
-    CONTAINER = "container"  # L2: restart the container
-    HARDWARE = "hardware"  # L3: quarantine the node, reschedule
-    SLOW = "slow"  # mark only; evict at the next checkpoint
-
-
-class ExitCode(enum.IntEnum):
-    """Worker exit codes: the contract between supervisor and workflow (range 70–79)."""
-
-    NODE_FAULT = 70  # retry this pod elsewhere
-    CONTAINER_RESTART = 71  # retry here
-    SLOW_NODE_EVICTED = 72
-    JOB_FAILED = 73  # retries exhausted: never retried
-    STOPPED = 74  # stopped by an operator
-
-
-class Outcome(enum.Enum):
-    SUCCESS = "success"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-
-@dataclass(frozen=True, slots=True)
-class PodInfo:
-    """What the master knows of one worker (by rank). ``incarnation`` is None until it acks."""
-
-    rank: int
-    phase: Phase = Phase.PENDING
-    finished: bool = False
-    retries: int = 0
-    restarting: bool = False
-    incarnation: str | None = None
-    last_reason: str = ""
-    node: str = ""
-    pod_ip: str = ""
-    updated: float = 0.0
-    seq: int = 0  # the highest (valid) seq this worker has reported
-    finish_seq: int = -1  # seq of the last processed Finish (dedup)
-    error_seq: int = -1  # seq of the last processed Error (dedup)
-    flaps: int = 0  # uncounted replacements since the job last entered RunCommand
-    hanging: bool = False
-    exit_code: ExitCode | None = None  # an exit it was told to make; re-sent until it returns
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    """The master's whole state; persisted after every transition."""
-
-    phase: Phase
-    workers: tuple[PodInfo, ...]
-    max_retry: int
-    flap_limit: int = 3
-    recover_count: int = 0
-    should_quit: bool = False
-    error_nodes: frozenset[str] = frozenset()
-    seq: int = 0
-    ran: bool = False  # the command has run at least once in this job (T8)
-    stop_reason: str = ""
-    checkpoint_step: int = -1
-
-    @property
-    def retries(self) -> tuple[int, ...]:
-        return tuple(p.retries for p in self.workers)
-
-    def worker(self, rank: int) -> PodInfo:
-        return self.workers[rank]
-
-
-def initial_status(
-    workers: int,
-    max_retry: int,
-    *,
-    flap_limit: int = 3,
-    nodes: tuple[str, ...] | None = None,
-) -> Status:
-    """The status of a job that has just been created (phase Pending)."""
-    if workers < 1:
-        raise ValueError(f"the number of workers ({workers}) must be at least 1")
-    if max_retry < 0:
-        raise ValueError(f"max-retry ({max_retry}) must be 0 or more")
-    if flap_limit < 0:
-        raise ValueError(f"flap-limit ({flap_limit}) must be 0 or more")
-    if nodes is not None and len(nodes) != workers:
-        raise ValueError(f"{len(nodes)} node names given for {workers} workers")
-    pods = tuple(
-        PodInfo(rank=r, node=nodes[r] if nodes else "") for r in range(workers)
-    )
-    return Status(phase=Phase.PENDING, workers=pods, max_retry=max_retry, flap_limit=flap_limit)
-
-
-# --------------------------------------------------------------------------- events
-
-
-@dataclass(frozen=True, slots=True)
-class Ack:
-    """Worker is up and subscribed; sent once at start and then as its heartbeat."""
-
-    rank: int
-    incarnation: str
-    seq: int = 0
-    node: str = ""
-    pod_ip: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    """Worker completed the work of order ``seq``: check results (ok = passed) or exit 0."""
-
-    rank: int
-    seq: int
-    ok: bool
-    fault: FaultClass | None = None  # the diagnosis when not ok
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Error:
-    """The command failed while running (non-zero exit or signal)."""
-
-    rank: int
-    seq: int
-    cause: str = "error"
-
-
-@dataclass(frozen=True, slots=True)
-class Lost:
-    """Worker's heartbeats stopped (produced by the runtime's timer)."""
-
-    rank: int
-
-
-@dataclass(frozen=True, slots=True)
-class Hang:
-    rank: int
-    seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class HangWithQuit:
-    rank: int
-    seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointDone:
-    step: int
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectTimeout:
-    """Pending: not every worker acked within the connect timeout (runtime timer) → T15."""
-
-
-@dataclass(frozen=True, slots=True)
-class Stop:
-    """An operator stopped the job, or a restarting worker missed its deadline → T12."""
-
-    reason: str = "stopped"
-
-
-Event = (
-    Ack | Finish | Error | Lost | Hang | HangWithQuit | CheckpointDone | ConnectTimeout | Stop
+from aegis_flow.master.model import (
+    LIVE_PHASES,
+    SEQ_EVENTS,
+    TERMINAL_PHASES,
+    WORKER_EVENTS,
+    Ack,
+    Broadcast,
+    CheckpointDone,
+    ConnectTimeout,
+    Effect,
+    Error,
+    Event,
+    ExitCode,
+    ExitWorker,
+    FaultClass,
+    Finish,
+    Hang,
+    HangWithQuit,
+    Ignored,
+    Log,
+    Lost,
+    MalformedEvent,
+    Order,
+    Outcome,
+    Persist,
+    Phase,
+    PodInfo,
+    Quarantine,
+    Send,
+    Status,
+    Stop,
+    initial_status,
 )
-WORKER_EVENTS = (Ack, Finish, Error, Lost, Hang, HangWithQuit)
-SEQ_EVENTS = (Ack, Finish, Error, Hang, HangWithQuit)
-
-# --------------------------------------------------------------------------- effects
-
-
-@dataclass(frozen=True, slots=True)
-class Broadcast:
-    order: Order
-    seq: int
-    outcome: Outcome | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    """One worker gets ``order`` (a re-send of the current order)."""
-
-    rank: int
-    order: Order
-    seq: int
-    outcome: Outcome | None = None
-    exit_code: ExitCode | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ExitWorker:
-    """Tell one worker to leave with ``code`` (node fault → reschedule; container restart)."""
-
-    rank: int
-    code: ExitCode
-    seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class Quarantine:
-    rank: int
-    node: str
-
-
-@dataclass(frozen=True, slots=True)
-class Persist:
-    """Store the new status (after every transition)."""
-
-
-class Ignored(enum.Enum):
-    DUPLICATE = "duplicate"
-    STALE = "stale"
-    FUTURE = "future"  # a seq the master never sent
-    LATE = "late"  # legitimate event in a phase where it means nothing
-
-
-@dataclass(frozen=True, slots=True)
-class Log:
-    message: str
-    level: str = "info"
-    ignored: Ignored | None = None
-    transition: str = ""  # the table row, e.g. "T5"
-
-
-Effect = Broadcast | Send | ExitWorker | Quarantine | Persist | Log
-
-
-class MalformedEvent(ValueError):
-    """An event that no correct worker or runtime can produce (unknown rank, negative seq).
-
-    Permanent: retrying the same event cannot help; the runtime drops and counts it.
-    """
-
 
 # --------------------------------------------------------------------------- helpers
 
