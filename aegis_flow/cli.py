@@ -67,8 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_verify(sub)
     from aegis_flow.local import cli as local_cli
+    from aegis_flow.steps import cli as steps_cli
 
     local_cli.add_parsers(sub)
+    steps_cli.add_parsers(sub)
     return parser
 
 
@@ -99,5 +101,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def entry() -> None:
+    """Console-script entry: like main(), but a closed pipe (``| head``) is not an error."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()

@@ -55,6 +55,7 @@ TORCHRUN = str(Path(PYTHON).parent / "torchrun")
 INFO_RE = re.compile(r"AEGIS_FIRST_STEP_INFO rank (\d+) restart (\d+) pid (\d+) at (\d+(?:\.\d+)?)")
 KILLED_RE = re.compile(r"AEGIS_KILLED rank (\d+) at (\d+\.\d+)")
 ERROR_RE = re.compile(r"AEGIS_APPLIED Error \S+ (\d+\.\d+)")
+START1_RE = re.compile(r"^\[rank (\d+)\] rank \d+/\d+ restart_count 1 ")
 RUN_RE = re.compile(r"AEGIS_APPLIED \S+ RunCommand (\d+\.\d+)")
 RATE_RE = re.compile(r"AEGIS_RATE (\S+)")
 MIN_TRAINING = 1.0  # torchrun: seconds of training (every rank) before the kill, at least
@@ -293,6 +294,7 @@ class Trial:
     detection: float | None = None
     ordered: float | None = None  # aegis-flow: kill -> the master ordered the new run
     startup: float | None = None  # launch -> every rank finished its first step (epoch 0)
+    rank0_first: bool | None = None  # aegis-flow: rank 0's new process printed first
     why: str = ""
     leftover: list[int] = field(default_factory=list)
     wall: float = 0.0
@@ -400,6 +402,9 @@ def aegis_trial(a: argparse.Namespace, i: int, work: Path) -> Trial:
                 if m and float(m[1]) >= t_kill - 1.0:
                     tr.detection = float(m[1]) - t_kill
                     break
+            restarted = [int(m[1]) for ln in lines if (m := START1_RE.search(ln.text))]
+            if restarted:
+                tr.rank0_first = restarted[0] == 0
             for ln in lines:
                 m = RUN_RE.search(ln.text)
                 if m and float(m[1]) >= t_kill:
@@ -559,6 +564,8 @@ def overhead_run(a: argparse.Namespace, kind: str, i: int, work: Path) -> Run:
                 used = procs[0].tree.cpu_between(t0, t1, {pid for _, _, pid, _ in steps})
                 if used is not None and t1 > t0:
                     run.cpu = used / (t1 - t0)
+        if not a.keep_logs:
+            shutil.rmtree(d, ignore_errors=True)
         return run
     finally:
         for p in procs:
@@ -666,6 +673,19 @@ def report(
                 f"- aegis-flow, medians from the kill: master applied the Error "
                 f"{med[0] * 1e3:.0f} ms → master ordered the new run {med[1] * 1e3:.0f} ms → "
                 f"every rank finished its first step {med[2]:.2f} s"
+            )
+        split = {
+            k: [t.recovery for t in good if t.rank0_first is k and t.recovery is not None]
+            for k in (True, False)
+        }
+        if any(split.values()):
+            raw.append(
+                "- aegis-flow recovery by which new process printed its start line first: "
+                + "; ".join(
+                    f"{name}: median {statistics.median(v):.2f} s ({len(v)} trials)"
+                    for name, v in (("rank 0", split[True]), ("another rank", split[False]))
+                    if v
+                )
             )
         leaks = [f"{t.system} #{t.index}: {len(t.leftover)}" for t in trials if t.leftover]
         raw.append(

@@ -19,8 +19,6 @@ state-based re-send that makes a lost order harmless).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from aegis_flow.master.model import (
     LIVE_PHASES,
     SEQ_EVENTS,
@@ -52,6 +50,7 @@ from aegis_flow.master.model import (
     Send,
     Status,
     Stop,
+    evolve,
     initial_status,
 )
 
@@ -88,21 +87,25 @@ def _ignore(status: Status, why: Ignored, message: str) -> Result:
 def _set(status: Status, pod: PodInfo) -> Status:
     workers = list(status.workers)
     workers[pod.rank] = pod
-    return replace(status, workers=tuple(workers))
+    return evolve(status, workers=tuple(workers))
 
 
 def _broadcast(
     status: Status, phase: Phase, row: str, message: str, *, keep_restarting_phase: bool = False
 ) -> Result:
-    """Enter ``phase``: bump seq, reset every worker's round and broadcast the phase's order."""
+    """Enter ``phase``: bump seq, reset every worker's round and broadcast the phase's order.
+
+    Every new round clears ``finished`` and the hang marks (training stops on every order but
+    run); entering Restarting keeps each worker's inner phase (DESIGN.md, PhaseConsistency).
+    """
     seq = status.seq + 1
-    if keep_restarting_phase:  # Restarting: workers keep the phase they were in
-        workers = status.workers
+    if keep_restarting_phase:
+        workers = tuple(evolve(p, finished=False, hanging=False) for p in status.workers)
     else:
         workers = tuple(
-            replace(p, phase=phase, finished=False, hanging=False) for p in status.workers
+            evolve(p, phase=phase, finished=False, hanging=False) for p in status.workers
         )
-    new = replace(status, phase=phase, seq=seq, workers=workers)
+    new = evolve(status, phase=phase, seq=seq, workers=workers)
     order, outcome = current_order(new)
     assert order is not None
     return new, [Log(message, transition=row), Broadcast(order, seq, outcome)]
@@ -122,18 +125,18 @@ def _count(status: Status, rank: int, cause: str, row: str) -> Result | Status:
     """Counting rule. Returns the Failed result of T11, or the status with the failure counted."""
     pod = status.workers[rank]
     retries = pod.retries + 1
-    status = _set(status, replace(pod, retries=retries, last_reason=cause))
+    status = _set(status, evolve(pod, retries=retries, last_reason=cause))
     if retries > status.max_retry:  # T11 is checked first
         return _fail(status, Outcome.FAILED, f"{row}+T11: rank {rank} failed ({cause}); "
                      f"retries {retries} > max-retry {status.max_retry}", recover=True)
-    return replace(status, recover_count=max(p.retries for p in status.workers))
+    return evolve(status, recover_count=max(p.retries for p in status.workers))
 
 
 def _fail(status: Status, outcome: Outcome, message: str, *, recover: bool) -> Result:
     """T11 / T12: Failed, shouldQuit, every inner phase Failed, broadcast quit."""
     seq = status.seq + 1
-    workers = tuple(replace(p, phase=Phase.FAILED, restarting=False) for p in status.workers)
-    new = replace(
+    workers = tuple(evolve(p, phase=Phase.FAILED, restarting=False) for p in status.workers)
+    new = evolve(
         status,
         phase=Phase.FAILED,
         seq=seq,
@@ -153,7 +156,7 @@ def _replace_worker(
     counted = pod.flaps >= status.flap_limit
     effects: list[Effect] = []
     if exit_code is ExitCode.NODE_FAULT and pod.node:  # a broken node stays broken
-        status = replace(status, error_nodes=status.error_nodes | {pod.node})
+        status = evolve(status, error_nodes=status.error_nodes | {pod.node})
         effects.append(Quarantine(rank, pod.node))
     if counted:
         outcome = _count(status, rank, cause, row)
@@ -162,7 +165,7 @@ def _replace_worker(
             return failed, [*more, *effects]
         status = outcome
         pod = status.workers[rank]
-    pod = replace(
+    pod = evolve(
         pod,
         restarting=True,
         flaps=min(pod.flaps + 1, status.flap_limit) if not counted else pod.flaps,
@@ -193,7 +196,7 @@ def _counted_failure(status: Status, rank: int, cause: str, row: str, phase: Pha
     message = f"{row}: rank {rank} failed ({cause}); retries {status.retries}, " \
               f"recoverCount {status.recover_count}"
     if phase is Phase.RESTARTING:
-        pod = replace(status.workers[rank], restarting=True, exit_code=None)
+        pod = evolve(status.workers[rank], restarting=True, exit_code=None)
         status = _set(status, pod)
         return _broadcast(status, phase, row, message, keep_restarting_phase=True)
     return _broadcast(status, phase, row, message)
@@ -235,7 +238,7 @@ def _dispatch(status: Status, event: Event, now: float) -> Result:
     if isinstance(event, Stop):
         if status.phase.terminal:
             return _ignore(status, Ignored.LATE, f"Stop in {status.phase.value}: already over")
-        return _fail(replace(status, stop_reason=event.reason or "stopped"), Outcome.STOPPED,
+        return _fail(evolve(status, stop_reason=event.reason or "stopped"), Outcome.STOPPED,
                      f"T12: stopped ({event.reason})", recover=False)
     if isinstance(event, ConnectTimeout):
         if status.phase is not Phase.PENDING:
@@ -245,7 +248,7 @@ def _dispatch(status: Status, event: Event, now: float) -> Result:
     if isinstance(event, CheckpointDone):
         if status.phase.terminal:
             return _ignore(status, Ignored.LATE, "checkpoint after the end")
-        return replace(status, checkpoint_step=max(status.checkpoint_step, event.step)), [
+        return evolve(status, checkpoint_step=max(status.checkpoint_step, event.step)), [
             Log(f"checkpoint at step {event.step}")]
     if isinstance(event, Lost):
         return _on_lost(status, event)
@@ -262,7 +265,7 @@ def _dispatch(status: Status, event: Event, now: float) -> Result:
         return _ignore(status, Ignored.DUPLICATE, f"duplicate {_name(event)} seq {event.seq}")
     if pod.restarting:
         return _ignore(status, Ignored.LATE, f"{_name(event)} from restarting rank {pod.rank}")
-    status = _set(status, replace(pod, seq=event.seq, updated=now))
+    status = _set(status, evolve(pod, seq=event.seq, updated=now))
     if isinstance(event, Finish):
         return _on_finish(status, event)
     if isinstance(event, Error):
@@ -297,14 +300,14 @@ def _on_ack(status: Status, ev: Ack, now: float) -> Result:
     # a new pod knows nothing of its predecessor's seq: track what *it* has seen
     seq = min(ev.seq if new_incarnation else max(pod.seq, ev.seq), status.seq)
     old = pod
-    pod = replace(pod, seq=seq, node=ev.node or pod.node, pod_ip=ev.pod_ip or pod.pod_ip)
+    pod = evolve(pod, seq=seq, node=ev.node or pod.node, pod_ip=ev.pod_ip or pod.pod_ip)
     if pod != old or new_incarnation or pod.incarnation is None:
-        pod = replace(pod, updated=now)  # a bare heartbeat changes nothing: nothing to persist
+        pod = evolve(pod, updated=now)  # a bare heartbeat changes nothing: nothing to persist
     phase = status.phase
 
     if phase is Phase.PENDING:  # Pending exception: any seq
         first = pod.incarnation is None
-        pod = replace(pod, incarnation=ev.incarnation)
+        pod = evolve(pod, incarnation=ev.incarnation)
         status = _set(status, pod)
         if all(p.incarnation is not None for p in status.workers):
             return _broadcast(status, Phase.BOOTCHECKING, "T1", "T1: every worker acked")
@@ -319,16 +322,16 @@ def _on_ack(status: Status, ev: Ack, now: float) -> Result:
             status = _set(status, pod)
             assert pod.exit_code is not None
             return status, [Send(pod.rank, Order.EXIT, status.seq, exit_code=pod.exit_code)]
-        return _return_worker(status, replace(pod, incarnation=ev.incarnation))
+        return _return_worker(status, evolve(pod, incarnation=ev.incarnation))
 
     if new_incarnation:
         if phase is Phase.RUNCOMMAND:
             if pod.finished:  # a worker that finished may go; its new pod changes nothing
-                status = _set(status, replace(pod, incarnation=ev.incarnation))
+                status = _set(status, evolve(pod, incarnation=ev.incarnation))
                 return status, [Log(f"rank {ev.rank} restarted after finishing")]
-            status = _set(status, replace(pod, incarnation=ev.incarnation))
+            status = _set(status, evolve(pod, incarnation=ev.incarnation))
             return _counted_failure(status, ev.rank, "restarted", "T6", Phase.RESTARTING)
-        status = _set(status, replace(pod, incarnation=ev.incarnation))
+        status = _set(status, evolve(pod, incarnation=ev.incarnation))
         return _replace_worker(status, ev.rank, "restarted", "T7")
 
     status = _set(status, pod)
@@ -337,7 +340,7 @@ def _on_ack(status: Status, ev: Ack, now: float) -> Result:
 
 def _return_worker(status: Status, pod: PodInfo) -> Result:
     """A restarting worker is back; T8 when every restarting worker is."""
-    pod = replace(pod, restarting=False, exit_code=None)
+    pod = evolve(pod, restarting=False, exit_code=None)
     status = _set(status, pod)
     if any(p.restarting for p in status.workers):
         return status, [Log(f"rank {pod.rank} is back"), *_resend(status, pod)]
@@ -354,7 +357,7 @@ def _on_lost(status: Status, ev: Lost) -> Result:
     if phase is Phase.PENDING:  # T7p
         if pod.incarnation is None:
             return _ignore(status, Ignored.LATE, f"rank {ev.rank} lost before it acked")
-        return _set(status, replace(pod, incarnation=None)), [
+        return _set(status, evolve(pod, incarnation=None)), [
             Log(f"T7p: rank {ev.rank} lost before start; waiting for it again",
                 transition="T7p")]
     if phase.terminal:
@@ -370,7 +373,7 @@ def _on_lost(status: Status, ev: Lost) -> Result:
 
 def _on_finish(status: Status, ev: Finish) -> Result:
     phase = status.phase
-    pod = replace(status.workers[ev.rank], finish_seq=ev.seq)
+    pod = evolve(status.workers[ev.rank], finish_seq=ev.seq)
     if phase not in (Phase.BOOTCHECKING, Phase.TROUBLESHOOTING, Phase.RUNCOMMAND):
         return _ignore(status, Ignored.LATE, f"Finish(rank {ev.rank}) in {phase.value}")
     if pod.finished:
@@ -392,28 +395,28 @@ def _on_finish(status: Status, ev: Finish) -> Result:
         return _replace_worker(status, ev.rank, detail, row, exit_code=ExitCode.NODE_FAULT)
     inner = Phase.SUCCEED if phase is Phase.RUNCOMMAND else phase
     reason = ev.detail if not ev.ok else pod.last_reason
-    status = _set(status, replace(pod, finished=True, phase=inner, last_reason=reason))
+    status = _set(status, evolve(pod, finished=True, phase=inner, last_reason=reason))
     if not all(p.finished for p in status.workers):
         return status, [Log(f"rank {ev.rank} finished {phase.value}")]
     if phase is Phase.RUNCOMMAND:  # T4
         seq = status.seq + 1
-        workers = tuple(replace(p, phase=Phase.SUCCEED) for p in status.workers)
-        new = replace(status, phase=Phase.SUCCEED, seq=seq, workers=workers, should_quit=True)
+        workers = tuple(evolve(p, phase=Phase.SUCCEED) for p in status.workers)
+        new = evolve(status, phase=Phase.SUCCEED, seq=seq, workers=workers, should_quit=True)
         return new, [Log("T4: every worker finished; job succeeded", transition="T4"),
                      Broadcast(Order.QUIT, seq, Outcome.SUCCESS)]
     if phase is Phase.TROUBLESHOOTING:  # T9: retries aligned to recoverCount
-        workers = tuple(replace(p, retries=status.recover_count) for p in status.workers)
-        status = replace(status, workers=workers)
+        workers = tuple(evolve(p, retries=status.recover_count) for p in status.workers)
+        status = evolve(status, workers=workers)
         row = "T9"
     else:
         row = "T2"
-    workers = tuple(replace(p, flaps=0) for p in status.workers)
-    status = replace(status, workers=workers, ran=True)
+    workers = tuple(evolve(p, flaps=0) for p in status.workers)
+    status = evolve(status, workers=workers, ran=True)
     return _broadcast(status, Phase.RUNCOMMAND, row, f"{row}: every check passed; run")
 
 
 def _on_error(status: Status, ev: Error) -> Result:
-    pod = replace(status.workers[ev.rank], error_seq=ev.seq)
+    pod = evolve(status.workers[ev.rank], error_seq=ev.seq)
     if status.phase is not Phase.RUNCOMMAND:
         return _ignore(status, Ignored.LATE, f"Error(rank {ev.rank}) in {status.phase.value}")
     if pod.finished:
@@ -430,7 +433,7 @@ def _on_hang(status: Status, ev: Hang | HangWithQuit) -> Result:
         return _counted_failure(status, ev.rank, "hang", "T14", Phase.TROUBLESHOOTING)
     if pod.hanging:  # T13, idempotent
         return _ignore(status, Ignored.DUPLICATE, f"rank {ev.rank} is already marked hanging")
-    return _set(status, replace(pod, hanging=True)), [
+    return _set(status, evolve(pod, hanging=True)), [
         Log(f"T13: rank {ev.rank} looks hung; process kept", level="warning", transition="T13")]
 
 

@@ -1,0 +1,144 @@
+"""The hang check: a progress watchdog with two thresholds, and the hung process's stacks.
+
+Side effects: :class:`HangWatchdog` has none (time is an argument). :class:`ProgressSocket` binds
+a Unix datagram socket (the receiving end of :mod:`aegis_flow.progress`) and removes it on close;
+:func:`collect_stacks` runs ``py-spy dump`` as a subprocess when py-spy is installed.
+Standard library only.
+
+Activity is output from the process, or — once the script has called
+``aegis_flow.progress.step(n)`` at least once — a *new* step number; from then on output no
+longer counts (a process that logs while stuck in a collective is still hung). No activity for
+``hang_after`` seconds is ``"hang"`` (mark only, the process is kept: T13); for ``quit_after``
+seconds, ``"hang_with_quit"`` (a counted failure: T14). ``check`` reports the level every time;
+the caller reports a change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from aegis_flow.steps.base import CheckResult, CheckStatus
+
+HangLevel = Literal["hang", "hang_with_quit"]
+
+
+@dataclass(frozen=True)
+class HangWatchdog:
+    hang_after: float
+    quit_after: float
+    started: float
+    last_output: float | None = None
+    last_progress: float | None = None
+    last_step: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.hang_after <= self.quit_after:
+            raise ValueError(f"need 0 < hang_after <= quit_after, got hang_after="
+                             f"{self.hang_after}, quit_after={self.quit_after}")
+
+    @property
+    def mode(self) -> str:
+        """``"progress"`` once the progress API was used, else ``"output"``."""
+        return "output" if self.last_step is None else "progress"
+
+    def observe_progress(self, now: float, step: int) -> HangWatchdog:
+        """A step report; only a step number different from the last one is progress."""
+        if step == self.last_step:
+            return self
+        return replace(self, last_progress=now, last_step=step)
+
+    def observe_output(self, now: float) -> HangWatchdog:
+        return replace(self, last_output=now)
+
+    def last_activity(self) -> float:
+        if self.last_progress is not None:
+            return self.last_progress
+        return self.started if self.last_output is None else max(self.started, self.last_output)
+
+    def idle(self, now: float) -> float:
+        return max(0.0, now - self.last_activity())
+
+    def check(self, now: float) -> HangLevel | None:
+        idle = self.idle(now)
+        if idle >= self.quit_after:
+            return "hang_with_quit"
+        if idle >= self.hang_after:
+            return "hang"
+        return None
+
+    def to_result(self, now: float, *, stacks: str = "") -> CheckResult:
+        """The watchdog's state as the ``hang`` check's result (``fail`` when hung)."""
+        level, idle = self.check(now), round(self.idle(now), 3)
+        data = {"level": level, "idle_s": idle, "mode": self.mode, "last_step": self.last_step,
+                "hang_after": self.hang_after, "quit_after": self.quit_after, "stacks": stacks}
+        if level is None:
+            return CheckResult.make("hang", CheckStatus.PASS, f"hang ok: last activity "
+                                    f"{idle:g} s ago ({self.mode})", timestamp=now, data=data)
+        return CheckResult.make("hang", CheckStatus.FAIL, f"{level}: no {self.mode} for {idle:g} s "
+                                f"(hang after {self.hang_after:g} s, quit after "
+                                f"{self.quit_after:g} s)", timestamp=now, data=data)
+
+
+class ProgressSocket:
+    """The supervisor's end of :mod:`aegis_flow.progress`: bound, non-blocking datagrams."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.setblocking(False)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def drain(self) -> list[int]:
+        """Every step number waiting in the socket, oldest first (malformed ones skipped)."""
+        steps: list[int] = []
+        while True:
+            try:
+                raw = self.sock.recv(64)
+            except (BlockingIOError, InterruptedError):
+                return steps
+            with contextlib.suppress(ValueError, IndexError):
+                steps.append(int(raw.split()[0]))
+
+    def close(self) -> None:
+        self.sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    def __enter__(self) -> ProgressSocket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def collect_stacks(pid: int, *, timeout: float = 10.0,
+                   which: Callable[[str], str | None] = shutil.which) -> str:
+    """The Python stacks of process ``pid`` via ``py-spy dump``, or a note saying why not."""
+    exe = which("py-spy")
+    if exe is None:
+        return ("py-spy not installed: no Python stacks collected (pip install py-spy, and give "
+                "the supervisor SYS_PTRACE in a container)")
+    try:
+        out = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True,
+                             timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return f"py-spy dump --pid {pid} did not answer within {timeout:g} s"
+    except OSError as exc:
+        return f"py-spy could not run ({Path(exe).name}): {exc}"
+    if out.returncode != 0:
+        return (f"py-spy dump --pid {pid} failed (exit {out.returncode}): "
+                f"{(out.stderr or out.stdout).strip()}")
+    return out.stdout
