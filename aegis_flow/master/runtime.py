@@ -40,6 +40,7 @@ class MasterConfig:
     tick: float = 0.05
     rendezvous_addr: str = "127.0.0.1"
     status_file: str = ""  # also write the final status document here (local mode)
+    slow_fraction: float = 0.5  # a rank below this share of its peers' median is slow
 
 
 def free_port(addr: str = "127.0.0.1") -> int:
@@ -65,12 +66,21 @@ class Master:
         self.lock = asyncio.Lock()
         self.applied: list[tuple[str, float]] = []  # (event type, wall time applied): benchmarks
         self._ports: dict[int, int] = {}
+        self.culprit: int | None = None  # the rank whose failure started this recovery
+        self.failures: dict[int, int] = {}  # counted failures by rank (for escalation)
+        self.causes: dict[int, dict[str, str]] = {}  # last classified cause by rank
+        self.hang_rank: int | None = None
+        self.replaced = False  # a worker was replaced since the job last ran
+        self.env_reports: dict[int, dict[str, Any]] = {}
+        self.bandwidth: dict[int, float] = {}
         self._timing = bool(os.environ.get("AEGIS_TIMING"))
 
     # -- persistence ------------------------------------------------------------------------
     def _doc(self) -> bytes:
         return encode_doc(self.status, events=list(self.events), stats=dict(self.stats),
-                          updated=time.time(), max_retry=self.cfg.max_retry)
+                          updated=time.time(), max_retry=self.cfg.max_retry,
+                          failures={str(r): n for r, n in self.failures.items()},
+                          causes={str(r): c for r, c in self.causes.items()})
 
     async def _persist(self) -> None:
         if self.store is not None:
@@ -90,6 +100,8 @@ class Master:
         self.status, self.revision = status, rev
         self.events.extend(doc.get("events", []))
         self.stats.update(doc.get("stats", {}))
+        self.failures = {int(r): int(n) for r, n in (doc.get("failures") or {}).items()}
+        self.causes = {int(r): dict(c) for r, c in (doc.get("causes") or {}).items()}
         self._note(f"resumed from stored status: {status.phase.value}, seq {status.seq}, "
                    f"retries {status.retries}")
 
@@ -141,6 +153,8 @@ class Master:
         order = effect.order if not isinstance(effect, m.ExitWorker) else m.Order.EXIT
         if order in (m.Order.RUN, m.Order.RUN_INDEPENDENT):
             extra.update(self._run_extra(effect.seq))
+        elif order in (m.Order.BOOTCHECK, m.Order.TROUBLESHOOT):
+            extra.update(self._check_extra(order, effect.seq))
         msg = p.order_message(self.subjects, effect, now=now, extra=extra)
         await self.nc.publish(subject, msg.encode())
 
@@ -151,6 +165,82 @@ class Master:
             port = free_port(self.cfg.rendezvous_addr)
             self._ports = {seq: port}
         return {"rendezvous": {"addr": self.cfg.rendezvous_addr, "port": port}}
+
+    def _check_extra(self, order: m.Order, seq: int) -> dict[str, Any]:
+        """The check plan for every rank (collectives need all of them, so one plan)."""
+        from aegis_flow.steps.classify import Cause
+        from aegis_flow.steps.diagnose import plan_checks
+
+        if order is m.Order.BOOTCHECK:
+            plan = ["runtime", "env", "io", "gpu", "rdma", "health"]
+        else:
+            culprit = self.culprit
+            raw = self.causes.get(culprit) if culprit is not None else None
+            cause = Cause(raw["code"], raw["class"]) if raw else None
+            plan = plan_checks(cause, self.failures.get(culprit, 0) if culprit is not None
+                               else 0, self.hang_rank is not None,
+                               after_replacement=self.replaced)
+        data: dict[str, Any] = {
+            "checks": plan, "failures": {str(r): n for r, n in self.failures.items()},
+            "causes": {str(r): c for r, c in self.causes.items()},
+            "hang_rank": self.hang_rank}
+        if any(c in ("health", "allreduce_connection", "allreduce_performance") for c in plan):
+            data.update(self._run_extra(seq))
+        return data
+
+    def _observe(self, msg: p.Message, event: m.Event) -> None:
+        """What the runtime (not the pure machine) keeps: causes, failures, reports."""
+        before = self.status
+        if isinstance(event, m.Error | m.HangWithQuit) and event.seq == before.seq and (
+                before.phase is m.Phase.RUNCOMMAND):
+            self.culprit = event.rank
+            self.failures[event.rank] = self.failures.get(event.rank, 0) + 1
+            self.hang_rank = event.rank if isinstance(event, m.HangWithQuit) else None
+            code = msg.data.get("cause_code")
+            if isinstance(event, m.HangWithQuit):
+                self.causes[event.rank] = {"code": "hang", "class": "slow"}
+            elif isinstance(code, str):
+                self.causes[event.rank] = {"code": code,
+                                           "class": str(msg.data.get("cause_class", ""))}
+        if isinstance(event, m.Finish) and event.seq == before.seq:
+            if before.phase is m.Phase.BOOTCHECKING:
+                for r in msg.data.get("results") or []:
+                    if isinstance(r, dict) and r.get("check_type") == "env":
+                        self.env_reports[event.rank] = dict(r.get("data") or {})
+            for r in msg.data.get("results") or []:
+                if isinstance(r, dict) and r.get("check_type") == "allreduce_performance":
+                    bw = (r.get("data") or {}).get("rank_bandwidth_gbps")
+                    if isinstance(bw, int | float):
+                        self.bandwidth[event.rank] = float(bw)
+
+    def _after(self, before: m.Status) -> None:
+        """Cross-worker verdicts once a round of checks is complete."""
+        st = self.status
+        if before.phase is m.Phase.BOOTCHECKING and st.phase is not before.phase:
+            if len(self.env_reports) == self.cfg.workers:
+                from aegis_flow.steps.env import compare_env
+
+                verdict = compare_env(self.env_reports)
+                if not verdict.ok:
+                    self._note(f"bootcheck: {verdict.detail}", logging.WARNING)
+            self.env_reports.clear()
+        if before.phase in (m.Phase.BOOTCHECKING, m.Phase.TROUBLESHOOTING) and (
+                st.phase is not before.phase):
+            if len(self.bandwidth) == self.cfg.workers:
+                try:
+                    from aegis_flow.steps.collective import flag_slow
+                except ImportError:  # pragma: no cover
+                    flag_slow = None
+                slow = flag_slow(self.bandwidth, self.cfg.slow_fraction) if flag_slow else []
+                for r in slow:
+                    self.stats["slow_flagged"] += 1
+                    self._note(f"rank {r} is slow: {self.bandwidth[r]:.3f} GB/s vs its peers",
+                               logging.WARNING)
+            self.bandwidth.clear()
+        if st.phase is m.Phase.RESTARTING:
+            self.replaced = True
+        elif st.phase is m.Phase.RUNCOMMAND:
+            self.replaced = False
 
     # -- input ------------------------------------------------------------------------------
     async def on_message(self, raw: bytes) -> None:
@@ -170,7 +260,10 @@ class Master:
         else:
             self.last_seen[msg.rank] = time.monotonic()
         try:
+            self._observe(msg, event)
+            before = self.status
             await self.apply(event)
+            self._after(before)
         except m.MalformedEvent as exc:
             self.stats["invalid"] += 1
             log.warning("dropped a malformed event: %s", exc)

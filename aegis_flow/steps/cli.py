@@ -32,7 +32,20 @@ from aegis_flow.steps.base import (
     resolve_budgets,
 )
 
-CHOICES = ("env", "io", "gpu", "runtime", "rdma", "allreduce", "hang", "all")
+CHOICES = ("env", "io", "gpu", "runtime", "rdma", "allreduce", "hang", "health", "all")
+
+
+def _which(text: str) -> str:
+    """One check, ``all``, or a comma list of checks (the supervisor passes a plan)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    aliases = {"allreduce_connection": "allreduce", "allreduce_performance": "allreduce"}
+    names = [aliases.get(n, n) for n in names]
+    bad = [n for n in names if n not in CHOICES]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(
+            f"unknown check {', '.join(bad) or repr(text)}: choose from {', '.join(CHOICES)} "
+            "(or a comma list)")
+    return ",".join(dict.fromkeys(names))
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,23 @@ def _collective(opts: CheckOptions) -> list[CheckResult]:
     return results
 
 
+def _health(opts: CheckOptions) -> CheckResult:
+    """Bootcheck's health check: a verified all_reduce and all_gather among every rank."""
+    budget = opts.budgets.get("allreduce_connection")
+    if opts.world_size is None or opts.rank is None or opts.rendezvous is None:
+        return not_applicable("health", "health: needs every rank of a job (pass --world-size,"
+                              " --rank and --rendezvous on every rank)", budget=budget)
+    try:
+        module = importlib.import_module("aegis_flow.steps.collective")
+        result: CheckResult = module.check_health(
+            world_size=opts.world_size, rank=opts.rank, rendezvous=opts.rendezvous,
+            budget=budget)
+    except (ImportError, AttributeError) as exc:
+        return not_applicable("health", f"health: not available in this build ({exc})",
+                              budget=budget)
+    return result
+
+
 def run_checks(which: str, opts: CheckOptions | None = None) -> list[CheckResult]:
     """Run one check (or ``all``) standalone; results in :data:`CHECK_TYPES` order."""
     from aegis_flow.steps.env import check_env
@@ -75,25 +105,30 @@ def run_checks(which: str, opts: CheckOptions | None = None) -> list[CheckResult
 
     o = opts or CheckOptions()
     b = o.budgets
-    if which not in CHOICES:
+    wanted = set(which.split(","))
+    if not wanted <= set(CHOICES):
         raise ValueError(f"unknown check {which!r}: choose one of {', '.join(CHOICES)}")
+    if "all" in wanted:
+        wanted |= {"env", "io", "gpu", "runtime", "rdma", "allreduce", "hang"}
     out: list[CheckResult] = []
-    if which in ("runtime", "all"):  # first: in a cold process it times torch's import itself
+    if "runtime" in wanted:  # first: in a cold process it times torch's import itself
         out.append(check_runtime(budget=b.get("runtime")))
-    if which in ("env", "all"):
+    if "env" in wanted:
         out.append(check_env(budget=b.get("env")))
-    if which in ("io", "all"):
+    if "io" in wanted:
         out.append(check_io(o.directory, size_mib=o.io_size_mib, budget=b.get("io")))
-    if which in ("gpu", "all"):
+    if "gpu" in wanted:
         out.append(check_gpu(expected_gpus=o.expect_gpus, max_temp_c=o.max_temp_c,
                              budget=b.get("gpu")))
-    if which in ("rdma", "all"):
+    if "rdma" in wanted:
         out.append(check_rdma(sysfs_root=o.sysfs_root, budget=b.get("rdma")))
-    if which in ("allreduce", "all"):
+    if "allreduce" in wanted:
         out += _collective(o)
-    if which in ("hang", "all"):
+    if "hang" in wanted:
         out.append(not_applicable("hang", "hang: the watchdog watches a running training "
                                   "process: run inside a job (aegis-flow run / worker)"))
+    if "health" in wanted:
+        out.append(_health(o))
     order = {name: i for i, name in enumerate(CHECK_TYPES)}
     return sorted(out, key=lambda r: order.get(r.check_type, len(order)))
 
@@ -135,11 +170,20 @@ def handle_check(args: argparse.Namespace) -> int:
     opts = CheckOptions(args.dir, budgets, args.sysfs_root, args.expect_gpus, args.io_size_mib,
                         args.max_temp, args.world_size, args.rank, args.rendezvous)
     results = run_checks(args.which, opts)
+    if args.out:
+        tmp = f"{args.out}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump([r.to_dict() for r in results], fh, default=str)
+        os.replace(tmp, args.out)
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=2, default=str))
     else:
         print(_format(results))
-    return 0 if all_ok(results) else 1
+    sys.stdout.flush()
+    code = 0 if all_ok(results) else 1
+    if any(r.check_type.startswith("allreduce") or r.check_type == "health" for r in results):
+        os._exit(code)  # a collective may have left a blocked thread behind: leave anyway
+    return code
 
 
 def handle_explain(args: argparse.Namespace) -> int:
@@ -163,7 +207,10 @@ def add_parsers(sub: Any) -> None:
     c = sub.add_parser("check", help="run health checks standalone (the Argo check steps call "
                        "this)", description="Run a check (or all) on this node and print the "
                        "results; exit 1 if any check failed or timed out.")
-    c.add_argument("which", choices=CHOICES, help="the check to run")
+    c.add_argument("which", type=_which, metavar="{" + ",".join(CHOICES) + "}",
+                   help="the check to run, or a comma list of checks")
+    c.add_argument("--out", default=None, metavar="FILE",
+                   help="also write the JSON results to FILE (atomically)")
     c.add_argument("--json", action="store_true", help="print a JSON list of results")
     c.add_argument("--dir", default=os.environ.get("AEGIS_WORK_DIR", "."),
                    help="directory the io check writes in (default $AEGIS_WORK_DIR or .)")

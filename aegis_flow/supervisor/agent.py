@@ -26,9 +26,13 @@ from typing import Any
 
 from aegis_flow import protocol as p
 from aegis_flow.supervisor import child as childmod
+from aegis_flow.steps.classify import UNKNOWN_CAUSE, Cause, classify, load_table
+from aegis_flow.steps.hang import HangWatchdog, ProgressSocket, collect_stacks
+from aegis_flow.supervisor.checks import bootcheck_or_troubleshoot
 from aegis_flow.supervisor.inject import Injection
 from aegis_flow.supervisor.prewarm import Zygote, start_zygote
 
+# a replacement for the real checks (tests): (order, config) -> (ok, fault class, detail)
 CheckFn = Callable[[str, "WorkerConfig"], Awaitable[tuple[bool, str | None, str]]]
 
 
@@ -49,30 +53,15 @@ class WorkerConfig:
     injections: tuple[Injection, ...] = ()
     work_dir: str = "."
     prewarm: bool = True  # fork Python commands from a pre-warmed interpreter (prewarm.py)
+    hang_after: float = 300.0  # no progress for this long: Hang (marked, T13)
+    hang_quit_after: float = 900.0  # ...and for this long: HangWithQuit (T14)
+    causes_file: str | None = None  # extra log-classifier rules
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
 def _warn(text: str) -> None:
     sys.stderr.write(f"[aegis-flow worker] {text}\n")
     sys.stderr.flush()
-
-
-async def default_checks(kind: str, cfg: WorkerConfig) -> tuple[bool, str | None, str]:
-    """Minimal built-in check: the work directory can be written, synced and read back."""
-    t0 = time.monotonic()
-    try:
-        os.makedirs(cfg.work_dir, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=cfg.work_dir, prefix=".aegis-io-") as fh:
-            payload = os.urandom(1 << 16)
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-            fh.seek(0)
-            if fh.read() != payload:
-                return False, "hardware", "io: data read back differs"
-    except OSError as exc:
-        return False, "hardware", f"io: {exc}"
-    return True, None, f"{kind}: io ok in {1000 * (time.monotonic() - t0):.1f} ms"
 
 
 def _lossy_from_env(rank: int) -> Callable[[p.Message], bool] | None:
@@ -90,7 +79,7 @@ def _lossy_from_env(rank: int) -> Callable[[p.Message], bool] | None:
 
 
 class Supervisor:
-    def __init__(self, cfg: WorkerConfig, *, checks: CheckFn = default_checks,
+    def __init__(self, cfg: WorkerConfig, *, checks: CheckFn | None = None,
                  drop: Callable[[p.Message], bool] | None = None) -> None:
         self.cfg = cfg
         self.subjects = p.Subjects(cfg.namespace, cfg.job)
@@ -105,6 +94,7 @@ class Supervisor:
         self.nc: Any = None
         self.last_order_at = 0.0
         self.zygote: Zygote | None = None
+        self.progress: ProgressSocket | None = None
 
     # -- messages ---------------------------------------------------------------------------
     def _msg(self, mtype: p.MsgType, seq: int, data: dict[str, Any]) -> p.Message:
@@ -174,12 +164,20 @@ class Supervisor:
         if order in ("bootcheck", "troubleshoot"):
             self.phase = "BootChecking" if order == "bootcheck" else "Troubleshooting"
             await self._stop_child()
-            ok, fault, detail = await self.checks(order, self.cfg)
+            if self.checks is not None:
+                ok, fault, detail = await self.checks(order, self.cfg)
+                extra: dict[str, Any] = {}
+            else:
+                ok, fault, detail, extra = await bootcheck_or_troubleshoot(
+                    order, msg.data, rank=self.cfg.rank, world_size=self.cfg.world_size,
+                    work_dir=os.path.abspath(self.cfg.work_dir), env=self.child_env(None),
+                    starters=self._check_starters())
             epoch = int(msg.data.get("restart_count", 0))
             for i, inj in enumerate(self.cfg.injections):
                 if inj.fires("checkfail", self.cfg.rank, epoch, order, self.cfg.work_dir, i):
                     ok, fault, detail = False, inj.fault, f"injected {inj.fault} fault"
-            await self.report(p.MsgType.FINISH, {"ok": ok, "fault": fault, "detail": detail})
+            await self.report(p.MsgType.FINISH, {"ok": ok, "fault": fault, "detail": detail,
+                                                 **extra})
         elif order == "run":
             self.phase = "RunCommand"
             await self._stop_child()
@@ -215,8 +213,10 @@ class Supervisor:
             "MASTER_ADDR": str(rdzv.get("addr", os.environ.get("MASTER_ADDR", "127.0.0.1"))),
             "MASTER_PORT": str(rdzv.get("port", os.environ.get("MASTER_PORT", "29500"))),
             "AEGIS_RESTART_COUNT": str(restart), "AEGIS_JOB": self.cfg.job,
-            "PYTHONUNBUFFERED": "1",
+            "PYTHONUNBUFFERED": "1", "AEGIS_WORK_DIR": os.path.abspath(self.cfg.work_dir),
         })
+        if self.progress is not None:
+            env["AEGIS_PROGRESS_SOCKET"] = self.progress.path
         return env
 
     async def _run_child(self, msg: p.Message | None) -> None:
@@ -232,9 +232,11 @@ class Supervisor:
                                                 "code": 127})
             return
         killers = [asyncio.ensure_future(i.kill_later(self.child)) for i in active]
+        watch = asyncio.ensure_future(self._watch_hang(self.child))
         try:
             status = await self.child.wait()
         finally:
+            watch.cancel()
             for k in killers:
                 k.cancel()
         if msg is None:
@@ -242,9 +244,61 @@ class Supervisor:
         if status.ok:
             await self.report(p.MsgType.FINISH, {"ok": True, "detail": "command exited 0"})
         else:
+            cause = self._classify(status.tail)
+            text = status.cause if not cause.known else f"{status.cause} ({cause.code})"
             await self.report(p.MsgType.ERROR, {
-                "cause": status.cause, "code": status.code, "signal": status.signal,
+                "cause": text, "code": status.code, "signal": status.signal,
+                "cause_code": cause.code, "cause_class": cause.klass,
                 "tail": list(status.tail)[-10:]})
+
+    def _classify(self, lines: tuple[str, ...]) -> Cause:
+        try:
+            return classify(lines, load_table(self.cfg.causes_file))
+        except Exception as exc:  # noqa: BLE001 - a bad user table must not lose the report
+            _warn(f"log classifier: {exc}")
+            return UNKNOWN_CAUSE
+
+    async def _watch_hang(self, child: childmod.Child) -> None:
+        """Progress watchdog: progress.step() reports, else output activity (T13/T14)."""
+        seq, dog = self.seq, HangWatchdog(self.cfg.hang_after, self.cfg.hang_quit_after,
+                                          started=time.time())
+        reported: str | None = None
+        while child.running and self.seq == seq:
+            await asyncio.sleep(min(1.0, self.cfg.hang_after / 4))
+            now = time.time()
+            if self.progress is not None:
+                for step in self.progress.drain():
+                    dog = dog.observe_progress(now, step)
+            if child.last_output is not None:
+                dog = dog.observe_output(child.last_output)
+            level = dog.check(now)
+            if level is None or level == reported:
+                if level is None:
+                    reported = None
+                continue
+            reported = level
+            if level == "hang":
+                _warn(f"no progress for {dog.idle(now):.0f} s: reporting a hang (kept running)")
+                await self._publish(self._msg(p.MsgType.HANG, self.seq, {"idle": dog.idle(now)}))
+            else:
+                stacks = await asyncio.get_running_loop().run_in_executor(
+                    None, collect_stacks, child.pid)
+                _warn(f"no progress for {dog.idle(now):.0f} s: asking to restart")
+                await self._publish(self._msg(p.MsgType.HANG_WITH_QUIT, self.seq, {
+                    "idle": dog.idle(now), "stacks": stacks[-4000:]}))
+
+    def _check_starters(self) -> list[Any]:
+        """Fork the checks from the pre-warmed interpreter if any, else start them cold."""
+        async def warm(argv: list[str], env: dict[str, str]) -> childmod.Child:
+            if self.zygote is None or not await self.zygote.ready(timeout=120):
+                raise OSError("no pre-warmed interpreter")
+            return await self.zygote.spawn(argv, env, prefix=f"[rank {self.cfg.rank} check] ",
+                                           tail_lines=20, on_line=None)
+
+        async def cold(argv: list[str], env: dict[str, str]) -> childmod.Child:
+            return await childmod.start(argv, env, prefix=f"[rank {self.cfg.rank} check] ")
+
+        return [warm, cold]
 
     async def _start(self, env: dict[str, str]) -> childmod.Child:
         prefix = f"[rank {self.cfg.rank}] "
@@ -274,6 +328,9 @@ class Supervisor:
                 error_cb=self._nats_error, disconnected_cb=None), self.cfg.connect_timeout)
         except Exception as exc:  # noqa: BLE001 - any failure to connect means fall back
             return await self.run_independent(f"cannot reach NATS at {self.cfg.nats_url}: {exc}")
+        with contextlib.suppress(OSError):
+            self.progress = ProgressSocket(tempfile.mktemp(prefix="aegis-progress-",
+                                                           suffix=".sock"))
         if self.cfg.prewarm:
             self.zygote = start_zygote(self.cfg.command, self.child_env(None),
                                        os.path.abspath(self.cfg.work_dir))
@@ -296,6 +353,8 @@ class Supervisor:
             if self.zygote is not None:
                 self.zygote.close()
                 self.zygote = None
+            if self.progress is not None:
+                self.progress.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.drain(), 2)
         if code == -1:

@@ -75,6 +75,7 @@ class Child:
         self._on_line = on_line
         self._pump = asyncio.ensure_future(self._stream())
         self.started = time.time()
+        self.last_output: float | None = None
         self.status: ExitStatus | None = None
 
     @property
@@ -92,6 +93,7 @@ class Child:
             if not line:
                 return
             text = line.decode(errors="replace").rstrip("\n")
+            self.last_output = time.time()
             self._tail.append(text)
             out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
             out.flush()
@@ -140,7 +142,7 @@ class Child:
 
 
 async def start(cmd: Sequence[str], env: Mapping[str, str], *, prefix: str = "",
-                tail_lines: int = 20, on_line: Callable[[str], None] | None = None) -> Child:
+                tail_lines: int = 50, on_line: Callable[[str], None] | None = None) -> Child:
     """Start ``cmd`` in a new session; raises FileNotFoundError/PermissionError as exec does."""
     proc = await asyncio.create_subprocess_exec(
         *cmd, env=dict(env), stdin=asyncio.subprocess.DEVNULL,

@@ -1,0 +1,97 @@
+"""The supervisor's side of bootcheck and troubleshoot: run the planned checks, diagnose.
+
+Side effects: runs ``aegis-flow check PLAN --out FILE`` as a child process — forked from the
+pre-warmed interpreter when there is one (so the runtime check sees a warm torch and the fast
+path stays fast), else started cold with this interpreter — and reads its results file.
+The diagnosis itself is pure (``steps.diagnose``). Standard library and light modules only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aegis_flow.steps.base import CheckResult
+from aegis_flow.steps.classify import Cause
+from aegis_flow.steps.diagnose import diagnose
+from aegis_flow.supervisor import child as childmod
+
+BOOTCHECK_PLAN = ("runtime", "env", "io", "gpu", "rdma", "health")
+TROUBLESHOOT_PLAN = ("runtime", "gpu", "io", "rdma")
+Starter = Callable[[list[str], dict[str, str]], Awaitable[childmod.Child]]
+
+
+def check_argv(python: str, plan: list[str], out: str, work_dir: str, rank: int,
+               world_size: int, rendezvous: Mapping[str, Any] | None) -> list[str]:
+    argv = [python, "-m", "aegis_flow.steps.cli", "check", ",".join(plan), "--out", out,
+            "--dir", work_dir]
+    if rendezvous:
+        argv += ["--rank", str(rank), "--world-size", str(world_size), "--rendezvous",
+                 f"tcp://{rendezvous['addr']}:{rendezvous['port']}"]
+    return argv
+
+
+async def run_plan(argv: list[str], env: dict[str, str], out: str, timeout: float,
+                   starters: list[Starter]) -> tuple[list[CheckResult], str]:
+    """Run the check CLI with the first starter that produces results; ([], why) if none."""
+    why = "no way to start the checks"
+    for start in starters:
+        try:
+            proc = await start(argv, env)
+        except OSError as exc:
+            why = f"cannot start the checks: {exc}"
+            continue
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+        except asyncio.TimeoutError:
+            await proc.stop(1.0)
+            return [], f"the checks did not finish within {timeout:.0f} s"
+        try:
+            with open(out) as fh:
+                return [CheckResult.from_dict(r) for r in json.load(fh)], ""
+        except (OSError, ValueError) as exc:
+            status = proc.status
+            why = (f"the checks produced no results ({exc}); "
+                   f"{status.cause if status else ''}: {' | '.join(status.tail) if status else ''}")
+    return [], why
+
+
+async def bootcheck_or_troubleshoot(
+        order: str, data: Mapping[str, Any], *, rank: int, world_size: int, work_dir: str,
+        env: dict[str, str], starters: list[Starter], timeout: float = 600.0,
+) -> tuple[bool, str | None, str, dict[str, Any]]:
+    """Run the order's plan and diagnose this rank: (ok, fault class, detail, data)."""
+    default = BOOTCHECK_PLAN if order == "bootcheck" else TROUBLESHOOT_PLAN
+    plan = [str(c) for c in data.get("checks") or default]
+    rendezvous = data.get("rendezvous") if any(
+        c in ("health", "allreduce", "allreduce_connection", "allreduce_performance")
+        for c in plan) else None
+    if rendezvous is None:
+        plan = [c for c in plan if c not in ("health", "allreduce", "allreduce_connection",
+                                             "allreduce_performance")]
+    fd, out = tempfile.mkstemp(prefix=".aegis-checks-", suffix=".json", dir=work_dir)
+    os.close(fd)
+    os.unlink(out)
+    try:
+        argv = check_argv(sys.executable, plan, out, work_dir, rank, world_size, rendezvous)
+        results, why = await run_plan(argv, env, out, timeout, starters)
+    finally:
+        if os.path.exists(out):
+            os.unlink(out)
+    if not results:
+        return False, "container", f"{order}: {why}", {}
+    failures = int(dict(data.get("failures") or {}).get(str(rank), 0))
+    raw_cause = dict(data.get("causes") or {}).get(str(rank))
+    cause = Cause(str(raw_cause["code"]), str(raw_cause["class"])) if raw_cause else None
+    hang = bool(data.get("hang_rank") == rank)
+    diag = diagnose(results, cause, failures_of_rank=failures, hang=hang)
+    ok = diag.fault_class in ("transient", "slow")
+    fault = None if diag.fault_class == "transient" else diag.fault_class
+    report: dict[str, Any] = {"results": [r.to_dict() for r in results],
+                              "diagnosis": diag.to_dict()}
+    return ok, fault, diag.reason[:1500], report
