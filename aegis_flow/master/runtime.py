@@ -113,11 +113,12 @@ class Master:
     # -- the one executor -------------------------------------------------------------------
     async def apply(self, event: m.Event) -> None:
         async with self.lock:
-            before = self.status.phase
+            before_status = self.status
+            before = before_status.phase
             new, effects = m.step(self.status, event, now=time.time())
             self.status = new
             self.applied.append((type(event).__name__, time.time()))
-            if self._timing and not isinstance(event, m.Ack):
+            if self._timing and not isinstance(event, m.Ack) and new is not before_status:
                 log.info("AEGIS_APPLIED %s %s %.6f", type(event).__name__, new.phase.value,
                          self.applied[-1][1])
             if before is not new.phase:

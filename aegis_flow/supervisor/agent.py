@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aegis_flow import protocol as p
-from aegis_flow.supervisor import child as childmod
 from aegis_flow.steps.classify import UNKNOWN_CAUSE, Cause, classify, load_table
 from aegis_flow.steps.hang import HangWatchdog, ProgressSocket, collect_stacks
+from aegis_flow.supervisor import child as childmod
 from aegis_flow.supervisor.checks import bootcheck_or_troubleshoot
 from aegis_flow.supervisor.inject import Injection
 from aegis_flow.supervisor.prewarm import Zygote, start_zygote
@@ -62,6 +62,25 @@ class WorkerConfig:
 def _warn(text: str) -> None:
     sys.stderr.write(f"[aegis-flow worker] {text}\n")
     sys.stderr.flush()
+
+
+async def _await_rendezvous(addr: str, port: int, timeout: float = 3.0) -> None:
+    """Start a rank > 0 only once rank 0's store listens (or after ``timeout``).
+
+    A client that connects before rank 0 listens is refused and backs off for up to a second
+    inside torch; waiting here for the port keeps an in-place restart in the tens of ms.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(addr, port), 0.2)
+        except (OSError, asyncio.TimeoutError):
+            await asyncio.sleep(0.003)
+            continue
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+        return
 
 
 def _lossy_from_env(rank: int) -> Callable[[p.Message], bool] | None:
@@ -225,6 +244,8 @@ class Supervisor:
         active = [i for i in self.cfg.injections if i.applies(self.cfg.rank, epoch)]
         for inj in active:
             env = inj.prepare_env(env)
+        if self.cfg.rank != 0 and msg is not None and msg.data.get("rendezvous"):
+            await _await_rendezvous(env["MASTER_ADDR"], int(env["MASTER_PORT"]))
         try:
             self.child = await self._start(env)
         except OSError as exc:

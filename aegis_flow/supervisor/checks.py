@@ -27,9 +27,10 @@ Starter = Callable[[list[str], dict[str, str]], Awaitable[childmod.Child]]
 
 
 def check_argv(python: str, plan: list[str], out: str, work_dir: str, rank: int,
-               world_size: int, rendezvous: Mapping[str, Any] | None) -> list[str]:
+               world_size: int, rendezvous: Mapping[str, Any] | None, *,
+               io_size_mib: float = 8.0) -> list[str]:
     argv = [python, "-m", "aegis_flow.steps.cli", "check", ",".join(plan), "--out", out,
-            "--dir", work_dir]
+            "--dir", work_dir, "--io-size-mib", str(io_size_mib)]
     if rendezvous:
         argv += ["--rank", str(rank), "--world-size", str(world_size), "--rendezvous",
                  f"tcp://{rendezvous['addr']}:{rendezvous['port']}"]
@@ -78,7 +79,10 @@ async def bootcheck_or_troubleshoot(
     os.close(fd)
     os.unlink(out)
     try:
-        argv = check_argv(sys.executable, plan, out, work_dir, rank, world_size, rendezvous)
+        # troubleshoot is on the recovery's critical path: a smaller io probe (every rank of
+        # the node runs it at once); bootcheck measures the storage properly
+        argv = check_argv(sys.executable, plan, out, work_dir, rank, world_size, rendezvous,
+                          io_size_mib=8.0 if order == "bootcheck" else 1.0)
         results, why = await run_plan(argv, env, out, timeout, starters)
     finally:
         if os.path.exists(out):

@@ -113,11 +113,21 @@ def main() -> int:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - torch is optional: then only Python is warm
             break
+    wake_r, wake_w = os.pipe()  # SIGCHLD wakes the select below: no polling
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     _send(sock, "ready")
     children: set[int] = set()
     buf = b""
     while True:
-        ready, _, _ = select.select([sock], [], [], 0.01)
+        ready, _, _ = select.select([sock, wake_r], [], [], 5.0)
+        if wake_r in ready:
+            try:
+                os.read(wake_r, 4096)
+            except BlockingIOError:
+                pass
         while children:  # reap and report
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -128,7 +138,7 @@ def main() -> int:
             children.discard(pid)
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
             _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status), "signal": sig})
-        if not ready:
+        if sock not in ready:
             continue
         data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 4)
         if not data:  # the supervisor is gone: so are we, and our children
@@ -148,6 +158,9 @@ def main() -> int:
             out_fd = fds.pop(0)
             pid = os.fork()
             if pid == 0:
+                signal.set_wakeup_fd(-1)
+                os.close(wake_r)
+                os.close(wake_w)
                 _child(req, out_fd, sock)
             os.close(out_fd)
             children.add(pid)
