@@ -228,12 +228,9 @@ class Master:
         if before.phase in (m.Phase.BOOTCHECKING, m.Phase.TROUBLESHOOTING) and (
                 st.phase is not before.phase):
             if len(self.bandwidth) == self.cfg.workers:
-                try:
-                    from aegis_flow.steps.collective import flag_slow
-                except ImportError:  # pragma: no cover
-                    flag_slow = None
-                slow = flag_slow(self.bandwidth, self.cfg.slow_fraction) if flag_slow else []
-                for r in slow:
+                from aegis_flow.steps.collective import flag_slow
+
+                for r in flag_slow(self.bandwidth, self.cfg.slow_fraction):
                     self.stats["slow_flagged"] += 1
                     self._note(f"rank {r} is slow: {self.bandwidth[r]:.3f} GB/s vs its peers",
                                logging.WARNING)

@@ -122,7 +122,7 @@ def main() -> int:
     children: set[int] = set()
     buf = b""
     while True:
-        ready, _, _ = select.select([sock, wake_r], [], [], 5.0)
+        ready, _, _ = select.select([sock.fileno(), wake_r], [], [], 5.0)
         if wake_r in ready:
             try:
                 os.read(wake_r, 4096)
@@ -138,7 +138,7 @@ def main() -> int:
             children.discard(pid)
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
             _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status), "signal": sig})
-        if sock not in ready:
+        if sock.fileno() not in ready:
             continue
         data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 4)
         if not data:  # the supervisor is gone: so are we, and our children
