@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)"
-	$(BIN)/pip install -q -e ".[dev,torch]" "$(TORCH_PIN)"
+	$(BIN)/pip install -q -e ".[dev,torch,k8s]" "$(TORCH_PIN)"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -20,7 +20,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
-	$(BIN)/ruff check aegis_flow tests bench examples
+	$(BIN)/ruff check aegis_flow tests bench examples workflows
 	$(BIN)/mypy
 
 verify: $(STAMP)

@@ -1,0 +1,231 @@
+"""``JobSpec``: everything needed to render one training job as an Argo Workflow.
+
+PURE: a pydantic model and its validators; no I/O except ``JobSpec.from_file``, which reads
+the YAML/JSON file it is given. Error messages name the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# a Kubernetes object name (RFC 1123 label); Workflow names get a generated suffix, so keep room
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i?|[mun]|k)?$")
+_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_OPERATORS = ("Exists", "Equal")
+
+DEFAULT_AEGIS_IMAGE = "ghcr.io/aegis-flow/aegis-flow:0.1.0"
+
+
+class JobSpecError(ValueError):
+    """A job spec that cannot be rendered; the message says what to change."""
+
+
+class Toleration(BaseModel):
+    """A Kubernetes toleration (the subset a training job needs)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    @field_validator("operator")
+    @classmethod
+    def _operator(cls, v: str) -> str:
+        if v not in _OPERATORS:
+            raise ValueError(f"toleration operator {v!r} is not valid: use one of {_OPERATORS}")
+        return v
+
+    @field_validator("effect")
+    @classmethod
+    def _effect(cls, v: str) -> str:
+        if v and v not in _EFFECTS:
+            raise ValueError(f"toleration effect {v!r} is not valid: use one of {_EFFECTS} "
+                             "(or leave it empty for every effect)")
+        return v
+
+
+class JobSpec(BaseModel):
+    """One training job. ``nats_url`` empty means an embedded NATS server in the master pod."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "aegis-job"
+    image: str
+    command: tuple[str, ...]
+    workers: int = 2
+    gpus_per_worker: int = 0
+    cpu: str = "1"
+    memory: str = "2Gi"
+    max_retry: int = 3
+    namespace: str = "default"
+    service_account: str = "aegis-flow"
+    nats_url: str = ""
+    aegis_image: str = DEFAULT_AEGIS_IMAGE
+    supervisor: tuple[str, ...] = ("aegis-flow", "worker")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    active_deadline_seconds: int = 7 * 24 * 3600
+    ttl_seconds_after_completion: int = 24 * 3600
+    pod_retry_limit: int = 3
+    master_retry_limit: int = 5
+
+    @field_validator("name", "namespace", "service_account")
+    @classmethod
+    def _dns_label(cls, v: str) -> str:
+        if not _DNS_LABEL.match(v) or len(v) > 52:
+            fixed = re.sub(r"[^a-z0-9-]+", "-", v.lower()).strip("-")[:52] or "aegis-job"
+            raise ValueError(f"{v!r} is not a valid Kubernetes name: use lower-case letters, "
+                             f"digits and '-', at most 52 characters (e.g. {fixed!r})")
+        return v
+
+    @field_validator("image", "aegis_image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if not v.strip() or any(c.isspace() for c in v):
+            raise ValueError(f"image {v!r} is not an image reference: give e.g. "
+                             "'registry.example.com/team/train:1.0'")
+        return v
+
+    @field_validator("command", "supervisor", mode="before")
+    @classmethod
+    def _argv(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            raise ValueError(f"command {v!r} is a string: give a list of arguments, e.g. "
+                             f"{v.split()!r}")
+        return v
+
+    @field_validator("command", "supervisor")
+    @classmethod
+    def _non_empty(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v or not v[0]:
+            raise ValueError("the command is empty: give the training command, e.g. "
+                             "['python', 'train.py'] (on the command line: -- python train.py)")
+        return v
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, v: int) -> int:
+        if not 1 <= v <= 4096:
+            raise ValueError(f"workers ({v}) must be between 1 and 4096")
+        return v
+
+    @field_validator("gpus_per_worker")
+    @classmethod
+    def _gpus(cls, v: int) -> int:
+        if not 0 <= v <= 64:
+            raise ValueError(f"gpus_per_worker ({v}) must be between 0 and 64 (0 = CPU only)")
+        return v
+
+    @field_validator("max_retry")
+    @classmethod
+    def _max_retry(cls, v: int) -> int:
+        # the recursive attempt template nests one level per retry; Argo stops at depth 100
+        if not 0 <= v <= 50:
+            raise ValueError(f"max_retry ({v}) must be between 0 and 50: each retry nests one "
+                             "level of the recursive attempt template, and Argo's limit is 100")
+        return v
+
+    @field_validator("pod_retry_limit", "master_retry_limit")
+    @classmethod
+    def _limits(cls, v: int) -> int:
+        if not 0 <= v <= 100:
+            raise ValueError(f"retry limit ({v}) must be between 0 and 100")
+        return v
+
+    @field_validator("active_deadline_seconds", "ttl_seconds_after_completion")
+    @classmethod
+    def _seconds(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"seconds ({v}) must be at least 1")
+        return v
+
+    @field_validator("cpu", "memory", mode="before")
+    @classmethod
+    def _quantity(cls, v: Any) -> Any:
+        text = str(v)
+        if not _QUANTITY.match(text):
+            raise ValueError(f"{text!r} is not a Kubernetes quantity: write e.g. '4', '500m', "
+                             "'16Gi'")
+        return text
+
+    @field_validator("nats_url")
+    @classmethod
+    def _nats(cls, v: str) -> str:
+        if v and not re.match(r"^(nats|tls|wss?)://[^\s/]+", v):
+            raise ValueError(f"nats_url {v!r} is not a NATS URL: write "
+                             "'nats://HOST:4222', or leave it empty for an embedded server")
+        return v
+
+    @field_validator("node_selector")
+    @classmethod
+    def _selector(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not key or any(c.isspace() for c in key):
+                raise ValueError(f"node_selector key {key!r} is not a label key")
+        return v
+
+    @model_validator(mode="after")
+    def _quarantine_label(self) -> JobSpec:
+        if "aegis.io/quarantined" in self.node_selector:
+            raise ValueError("node_selector must not use 'aegis.io/quarantined': aegis-flow "
+                             "already keeps workers off quarantined nodes")
+        return self
+
+    @property
+    def embedded_nats(self) -> bool:
+        return not self.nats_url
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> JobSpec:
+        """Validate a mapping; raise ``JobSpecError`` with one line per problem."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise JobSpecError(explain(exc)) from None
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> JobSpec:
+        """Read a job file (YAML or JSON). Keys may use '-' or '_' (``max-retry``)."""
+        text = Path(path).read_text()
+        try:
+            if str(path).endswith(".json"):
+                raw = json.loads(text)
+            else:
+                import yaml
+
+                raw = yaml.safe_load(text)
+        except Exception as exc:  # noqa: BLE001 - any parse error becomes one clear message
+            raise JobSpecError(f"{path}: not valid YAML/JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise JobSpecError(f"{path}: expected a mapping of job fields, got "
+                               f"{type(raw).__name__}")
+        return cls.parse({str(k).replace("-", "_"): v for k, v in raw.items()})
+
+
+_HINTS = {
+    "image": ": give the training image, e.g. --image registry.example.com/team/train:1.0",
+    "command": ": put the training command after '--' (e.g. -- python train.py), or give "
+               "command: [python, train.py] in the job file",
+}
+
+
+def explain(exc: ValidationError) -> str:
+    """One line per error: ``field: message`` (pydantic's own prefix stripped)."""
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "job"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown field {where!r}: check the spelling (fields: " + ", ".join(
+                JobSpec.model_fields) + ")"
+        elif err["type"] == "missing":
+            msg = "is required" + _HINTS.get(where, "")
+        lines.append(f"{where}: {msg}")
+    return "\n".join(lines)

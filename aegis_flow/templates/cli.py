@@ -1,0 +1,174 @@
+"""``aegis-flow render`` and ``aegis-flow lint``: thin, over ``workflow`` and ``argo``.
+
+Side effects: reading job/manifest files, writing the ``-o`` file, printing. Nothing is
+submitted. ``add_parsers(sub)`` adds both commands (each sets ``handler``); Hera, PyYAML and
+jsonschema load only when a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def add_parsers(sub: Any) -> None:
+    """Add ``render`` and ``lint`` to an ``add_subparsers()`` object."""
+    r = sub.add_parser(
+        "render", help="render a job as an Argo Workflow (YAML; validated, never submitted)",
+        usage="aegis-flow render (--image IMG [options] | -f job.yaml) [-o wf.yaml] "
+              "[-- CMD ...]",
+        description="Render the training job as an Argo Workflow with a master daemon, "
+        "bootcheck, run, troubleshoot, quarantine and resume steps. The result is checked "
+        "against Argo's JSON schema and our lint before it is written.")
+    r.add_argument("-f", "--file", help="job file (YAML/JSON with JobSpec fields); flags "
+                   "given on the command line override it")
+    r.add_argument("-o", "--output", default="-", help="output file (default: stdout)")
+    r.add_argument("--name", help="job name (the Workflow's generateName prefix)")
+    r.add_argument("--image", help="the training image (needs Python and aegis-flow)")
+    r.add_argument("--workers", type=_positive, help="number of worker pods")
+    r.add_argument("--gpus-per-worker", type=_non_negative)
+    r.add_argument("--max-retry", type=_non_negative, help="the workflow's max-retry default")
+    r.add_argument("--namespace")
+    r.add_argument("--service-account")
+    r.add_argument("--nats-url", help="external NATS (default: embedded in the master pod)")
+    r.add_argument("--aegis-image", help="image with aegis-flow (master, verdict, report)")
+    r.add_argument("--checks-template", action="store_true",
+                   help="also write the aegis-checks WorkflowTemplate (a second document)")
+    r.add_argument("train_command", nargs="*", metavar="CMD",
+                   help="the training command, after '--'")
+    r.set_defaults(handler=handle_render)
+    lt = sub.add_parser(
+        "lint", help="validate Argo manifests offline (JSON schema + semantic lint)",
+        description="Check each YAML file (multi-document allowed) against Argo's JSON schema "
+        "v4.0.5 made strict, and our semantic lint. templateRefs may point to "
+        "WorkflowTemplates in any of the files, or to the built-in aegis-checks. Exit 1 on "
+        "any finding.")
+    lt.add_argument("files", nargs="+", metavar="FILE")
+    lt.add_argument("--no-schema", action="store_true", help="skip the JSON schema")
+    lt.set_defaults(handler=handle_lint)
+
+
+def _spec_from_args(args: argparse.Namespace) -> Any:
+    from aegis_flow.jobspec import JobSpec
+
+    fields: dict[str, Any] = {}
+    if args.file:
+        fields = JobSpec.from_file(args.file).model_dump()
+    for key in ("name", "image", "workers", "gpus_per_worker", "max_retry", "namespace",
+                "service_account", "nats_url", "aegis_image"):
+        value = getattr(args, key)
+        if value is not None:
+            fields[key] = value
+    if args.train_command:
+        fields["command"] = args.train_command
+    return JobSpec.parse(fields)
+
+
+def check_documents(docs: list[dict[str, Any]], *, schema: bool = True) -> list[str]:
+    """Schema errors and lint findings of the documents, as printable lines."""
+    from aegis_flow.argo.lint import lint
+    from aegis_flow.argo.schema import validate_schema
+
+    problems: list[str] = []
+    if schema:
+        for doc in docs:
+            name = (doc.get("metadata") or {}).get("name") or (doc.get("metadata") or {}).get(
+                "generateName", "?")
+            problems += [f"{doc.get('kind')} {name}: [schema] {e}" for e in validate_schema(doc)]
+    problems += [str(f) for f in lint(docs, known=builtin_templates())]
+    return problems
+
+
+def builtin_templates() -> dict[str, dict[str, dict[str, Any]]]:
+    """The aegis-checks WorkflowTemplate, known to the lint even when not in the files."""
+    from aegis_flow.jobspec import DEFAULT_AEGIS_IMAGE
+    from aegis_flow.workflow import CHECKS_TEMPLATE, build_checks_template
+
+    wt = build_checks_template(image=DEFAULT_AEGIS_IMAGE).to_dict()
+    return {CHECKS_TEMPLATE: {t["name"]: t for t in wt["spec"]["templates"]}}
+
+
+def handle_render(args: argparse.Namespace) -> int:
+    from aegis_flow.jobspec import JobSpecError
+    from aegis_flow.workflow import build_checks_template, build_workflow, to_yaml
+
+    if not args.file and not args.image:
+        print("aegis-flow render: give --image IMG (and -- CMD), or -f job.yaml",
+              file=sys.stderr)
+        return 2
+    try:
+        spec = _spec_from_args(args)
+    except JobSpecError as exc:
+        print(f"aegis-flow render: invalid job:\n{exc}", file=sys.stderr)
+        return 2
+    objs: list[Any] = [build_workflow(spec)]
+    if args.checks_template:
+        objs.append(build_checks_template(image=spec.aegis_image, namespace=spec.namespace))
+    problems = check_documents([o.to_dict() for o in objs])
+    if problems:  # a bug in our builders, never the user's: refuse to write it
+        print("aegis-flow render: the rendered workflow is invalid (a bug, please report):",
+              *problems, sep="\n  ", file=sys.stderr)
+        return 1
+    text = to_yaml(*objs)
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+def handle_lint(args: argparse.Namespace) -> int:
+    import yaml
+
+    docs: list[dict[str, Any]] = []
+    for name in args.files:
+        try:
+            docs += [d for d in yaml.safe_load_all(Path(name).read_text()) if d]
+        except (OSError, yaml.YAMLError) as exc:
+            print(f"{name}: cannot read: {exc}", file=sys.stderr)
+            return 2
+    bad = [d for d in docs if not isinstance(d, dict)]
+    if bad:
+        print(f"expected YAML mappings, got {type(bad[0]).__name__}", file=sys.stderr)
+        return 2
+    problems = check_documents(docs, schema=not args.no_schema)
+    for line in problems:
+        print(line)
+    print(f"{len(docs)} document(s), {len(problems)} problem(s)", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m aegis_flow.templates.cli render|lint …`` (until wired into aegis-flow)."""
+    parser = argparse.ArgumentParser(prog="aegis-flow")
+    add_parsers(parser.add_subparsers(dest="command_name", required=True))
+    args = parser.parse_args(argv)
+    code: int = args.handler(args)
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""The contract between worker pods and the workflow: exit codes, outcomes, guards.
+
+PURE and standard library only (plus the core's ``ExitCode``): no Hera, no I/O. The worker
+supervisor writes its outcome word to ``OUTCOME_FILE`` (and its node to ``NODE_FILE``) when it
+exits; the ``verdict`` step reduces the per-rank outcomes with :func:`verdict` (its source is
+embedded into the generated workflow, so the code here is the code that runs in the cluster).
+"""
+
+from __future__ import annotations
+
+from aegis_flow.master.model import ExitCode
+
+OUTCOME_DIR = "/tmp/aegis"
+OUTCOME_FILE = f"{OUTCOME_DIR}/outcome"
+NODE_FILE = f"{OUTCOME_DIR}/node"
+UNKNOWN = "unknown"  # the default when the pod left no file (it was lost, evicted, killed)
+
+# exit code -> outcome word written by the worker pod (any other code: "failed")
+OUTCOME_BY_CODE: dict[int, str] = {
+    0: "succeeded",
+    int(ExitCode.NODE_FAULT): "node-fault",
+    int(ExitCode.CONTAINER_RESTART): "container-restart",
+    int(ExitCode.SLOW_NODE_EVICTED): "slow-node",
+    int(ExitCode.JOB_FAILED): "job-failed",
+    int(ExitCode.STOPPED): "stopped",
+}
+
+# exit codes the worker template's retryStrategy retries as a new pod (DESIGN.md §5)
+POD_RETRY_CODES: tuple[int, ...] = (int(ExitCode.NODE_FAULT), int(ExitCode.CONTAINER_RESTART))
+
+# verdicts of one attempt; ESCALATE ones start troubleshoot → (quarantine) → resume
+SUCCEEDED, FAILED, STOPPED, QUARANTINE, RETRY = (
+    "succeeded", "failed", "stopped", "quarantine", "retry")
+ESCALATE = (QUARANTINE, RETRY)
+
+
+def outcome_of(code: int) -> str:
+    """The outcome word a worker pod writes for its exit code."""
+    return OUTCOME_BY_CODE.get(code, "failed")
+
+
+def worker_retry_expression() -> str:
+    """Argo ``retryStrategy.expression`` of the worker template (expr syntax).
+
+    A pod that errored (node lost, pod deleted: no exit code) or exited node-fault or
+    container-restart is recreated; every other ending — success, job failed, stopped, the
+    user's own code in RunIndependent — is final for the pod.
+    """
+    codes = " || ".join(f"asInt(lastRetry.exitCode) == {c}" for c in POD_RETRY_CODES)
+    return f'lastRetry.status == "Error" || {codes}'
+
+
+def master_retry_expression() -> str:
+    """The master daemon is recreated unless it ended the job on purpose (0, 73, 74)."""
+    final = (0, int(ExitCode.JOB_FAILED), int(ExitCode.STOPPED))
+    keep = " && ".join(f"asInt(lastRetry.exitCode) != {c}" for c in final)
+    return f'lastRetry.status == "Error" || ({keep})'
+
+
+def verdict(outcomes: list[str], nodes: list[str], excluded: list[str]) -> dict[str, str]:
+    """Reduce one attempt's per-rank outcomes to a verdict and the next attempt's inputs.
+
+    Returns string values (Argo parameters): ``verdict``; ``bad-nodes`` (JSON list of nodes to
+    quarantine); ``excluded-nodes`` (JSON list, grown); ``pod-spec-patch`` (a pod-spec patch
+    whose required node affinity keeps workers off quarantined and excluded nodes - ``{}`` when
+    the list is empty, since ``NotIn []`` is invalid).
+    """
+    import json
+
+    if outcomes and all(o == "succeeded" for o in outcomes):
+        result = "succeeded"
+    elif "stopped" in outcomes:
+        result = "stopped"
+    elif "job-failed" in outcomes:
+        result = "failed"
+    elif any(o in ("node-fault", "slow-node") for o in outcomes):
+        result = "quarantine"
+    else:
+        result = "retry"  # container restarts exhausted, a lost pod, RunIndependent failure
+    bad = sorted({n for o, n in zip(outcomes, nodes, strict=False)
+                  if n and o in ("node-fault", "slow-node")})
+    grown = sorted(set(excluded) | set(bad))
+    patch: dict[str, object] = {}
+    if grown:
+        patch = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "aegis.io/quarantined", "operator": "DoesNotExist"},
+                {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": grown},
+            ]}]}}}}
+    return {"verdict": result, "bad-nodes": json.dumps(bad), "excluded-nodes": json.dumps(grown),
+            "pod-spec-patch": json.dumps(patch, sort_keys=True)}

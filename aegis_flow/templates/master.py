@@ -1,0 +1,57 @@
+"""The master phase: one long-running daemon step for the whole workflow.
+
+PURE: returns a Hera template; nothing is submitted. With an embedded NATS server the master
+pod carries a ``nats`` sidecar and workers connect to ``{{steps.master.ip}}``.
+"""
+
+from __future__ import annotations
+
+from hera.workflows import Container, RetryStrategy, UserContainer
+from hera.workflows import models as m
+
+from aegis_flow.jobspec import JobSpec
+from aegis_flow.templates import common as c
+from aegis_flow.templates.contract import master_retry_expression
+
+
+def master_nats_url(spec: JobSpec) -> str:
+    return f"nats://127.0.0.1:{c.NATS_PORT}" if spec.embedded_nats else spec.nats_url
+
+
+def worker_nats_url(spec: JobSpec) -> str:
+    """The URL workers use; embedded: the master pod's IP, known once the daemon is ready."""
+    return (f"nats://{{{{steps.{c.MASTER}.ip}}}}:{c.NATS_PORT}" if spec.embedded_nats
+            else spec.nats_url)
+
+
+def master_template(spec: JobSpec) -> Container:
+    """The master daemon: readiness on /readyz; recreated unless it ended the job on purpose."""
+    sidecars = None
+    if spec.embedded_nats:
+        sidecars = [UserContainer(
+            name="nats", image=spec.aegis_image,
+            command=["nats-server", "-a", "0.0.0.0", "-p", str(c.NATS_PORT), "-js",
+                     "-sd", "/tmp/nats"],
+            ports=[m.ContainerPort(container_port=c.NATS_PORT, name="nats")])]
+    return Container(
+        name=c.MASTER,
+        image=spec.aegis_image,
+        command=["python", "-m", "aegis_flow.master"],
+        args=["--job", "{{workflow.name}}", "--namespace", spec.namespace,
+              "--workers", str(spec.workers), "--max-retry", c.wf_param("max-retry"),
+              "--nats-url", master_nats_url(spec)],
+        daemon=True,
+        readiness_probe=m.Probe(
+            http_get=m.HTTPGetAction(path="/readyz", port=c.MASTER_PORT_READY),
+            initial_delay_seconds=2, period_seconds=5, failure_threshold=3),
+        ports=[m.ContainerPort(container_port=c.MASTER_PORT_READY, name="http")],
+        retry_strategy=RetryStrategy(
+            limit=str(spec.master_retry_limit), retry_policy="Always",
+            expression=master_retry_expression(),
+            backoff=m.Backoff(duration="10s", factor=m.IntOrString("2"), max_duration="5m")),
+        resources=m.ResourceRequirements(requests={"cpu": "500m", "memory": "512Mi"}),  # type: ignore[dict-item]
+        sidecars=sidecars,
+        node_selector=spec.node_selector or None,
+        tolerations=c.tolerations(spec),
+        affinity=c.not_quarantined(),
+    )

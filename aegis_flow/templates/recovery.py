@@ -1,0 +1,85 @@
+"""The recovery phases: quarantine (label a node), resume (the recursive attempt step),
+give-up (end a failed attempt visibly) and report (onExit).
+
+PURE: returns Hera templates and steps; nothing is submitted.
+"""
+
+from __future__ import annotations
+
+from hera.workflows import Container, Env, Parameter, Resource, Script, Step
+
+from aegis_flow.jobspec import JobSpec
+from aegis_flow.templates import common as c
+from aegis_flow.templates import contract
+
+
+def quarantine_template() -> Resource:
+    """Label one node ``aegis.io/quarantined=true`` (merge patch; needs nodes get/patch RBAC).
+
+    The worker and check pods' required node affinity keeps them off it from then on. Tainting
+    and releasing are ``aegis-flow nodes`` (not built yet).
+    """
+    manifest = (
+        "apiVersion: v1\nkind: Node\nmetadata:\n"
+        f"  name: '{c.inp('node')}'\n"
+        f"  labels:\n    {c.QUARANTINE_LABEL}: 'true'\n"
+        f"  annotations:\n    aegis.io/quarantine-reason: '{c.inp('reason')}'\n"
+        "    aegis.io/quarantined-by: '{{workflow.name}}'\n")
+    return Resource(name=c.QUARANTINE, action="patch", merge_strategy="merge",
+                    manifest=manifest, inputs=c.params("node", "reason"))
+
+
+def resume_step() -> Step:
+    """``attempt`` again with attempt+1 and the grown exclusion list — only when the verdict
+    escalates and ``attempt < max-retry`` (the recursion guard)."""
+    v = "{{steps.verdict.outputs.parameters.verdict}}"
+    return Step(
+        name="resume",
+        template=c.ATTEMPT,
+        when=(f"('{v}' == '{contract.QUARANTINE}' || '{v}' == '{contract.RETRY}') && "
+              f"{c.inp('attempt')} < {c.wf_param('max-retry')}"),
+        arguments=[
+            Parameter(name="attempt", value="{{steps.verdict.outputs.parameters.next-attempt}}"),
+            Parameter(name="excluded-nodes",
+                      value="{{steps.verdict.outputs.parameters.excluded-nodes}}"),
+            Parameter(name="pod-spec-patch",
+                      value="{{steps.verdict.outputs.parameters.pod-spec-patch}}"),
+            Parameter(name="nats-url", value=c.inp("nats-url")),
+        ])
+
+
+def give_up_guard() -> str:
+    """True when the attempt ends the job unsuccessfully (the complement of resume/success)."""
+    v = "{{steps.verdict.outputs.parameters.verdict}}"
+    return (f"'{v}' == '{contract.FAILED}' || '{v}' == '{contract.STOPPED}' || "
+            f"(('{v}' == '{contract.QUARANTINE}' || '{v}' == '{contract.RETRY}') && "
+            f"{c.inp('attempt')} >= {c.wf_param('max-retry')})")
+
+
+def give_up_template(spec: JobSpec) -> Container:
+    """Fail the attempt with a message naming the verdict (so the workflow shows Failed)."""
+    return Container(
+        name=c.GIVE_UP, image=spec.aegis_image,
+        command=["python", "-c",
+                 "import sys; sys.exit('aegis-flow: the job ended ' + sys.argv[1] + "
+                 "' after attempt ' + sys.argv[2])",
+                 c.inp("verdict"), c.inp("attempt")],
+        inputs=c.params("verdict", "attempt"))
+
+
+REPORT_SOURCE = '''
+import json, os
+print(json.dumps({k: os.environ.get(k, "") for k in
+                  ("WORKFLOW", "STATUS", "DURATION", "FAILURES")}, indent=1))
+'''
+
+
+def report_template(spec: JobSpec) -> Script:
+    """onExit: a one-screen summary in the log of the exit handler."""
+    return Script(
+        name=c.REPORT, image=spec.aegis_image, command=["python"], source=REPORT_SOURCE,
+        add_cwd_to_sys_path=False,
+        env=[Env(name="WORKFLOW", value="{{workflow.name}}"),
+             Env(name="STATUS", value="{{workflow.status}}"),
+             Env(name="DURATION", value="{{workflow.duration}}"),
+             Env(name="FAILURES", value="{{workflow.failures}}")])

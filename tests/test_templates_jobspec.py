@@ -1,0 +1,62 @@
+"""JobSpec: valid jobs parse; bad values are rejected with the value and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aegis_flow.jobspec import JobSpec, JobSpecError
+
+BASE = {"image": "img:1", "command": ["python", "train.py"]}
+
+
+def test_defaults_and_embedded_nats() -> None:
+    spec = JobSpec.parse(BASE)
+    assert spec.workers == 2 and spec.max_retry == 3 and spec.embedded_nats
+    assert not JobSpec.parse({**BASE, "nats_url": "nats://nats:4222"}).embedded_nats
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("workers", 0, "workers (0) must be between 1 and 4096"),
+    ("max_retry", 80, "Argo's limit is 100"),
+    ("name", "My_Job", "e.g. 'my-job'"),
+    ("command", "python train.py", "['python', 'train.py']"),
+    ("command", [], "the command is empty"),
+    ("memory", "lots", "'lots' is not a Kubernetes quantity"),
+    ("nats_url", "localhost:4222", "nats://HOST:4222"),
+    ("image", "bad image", "is not an image reference"),
+    ("gpus_per_worker", -1, "between 0 and 64"),
+    ("workrs", 3, "unknown field 'workrs': check the spelling"),
+    ("node_selector", {"aegis.io/quarantined": "x"}, "already keeps workers off"),
+])
+def test_bad_values_are_named_with_the_fix(field: str, value: object, says: str) -> None:
+    with pytest.raises(JobSpecError) as exc:
+        JobSpec.parse({**BASE, field: value})
+    assert says in str(exc.value)
+    assert "Value error" not in str(exc.value)
+
+
+def test_missing_image_is_required() -> None:
+    with pytest.raises(JobSpecError, match="image: is required"):
+        JobSpec.parse({"command": ["x"]})
+
+
+def test_from_file_accepts_dashed_keys(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("image: img:1\ncommand: [python, train.py]\nmax-retry: 5\n"
+                   "gpus-per-worker: 8\ntolerations:\n- {key: gpu, operator: Exists}\n")
+    spec = JobSpec.from_file(job)
+    assert (spec.max_retry, spec.gpus_per_worker, spec.tolerations[0].key) == (5, 8, "gpu")
+
+
+def test_from_file_rejects_a_non_mapping(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("- a\n- b\n")
+    with pytest.raises(JobSpecError, match="expected a mapping"):
+        JobSpec.from_file(job)
+
+
+def test_bad_toleration_effect() -> None:
+    with pytest.raises(JobSpecError, match="NoSchedule"):
+        JobSpec.parse({**BASE, "tolerations": [{"key": "k", "effect": "Never"}]})

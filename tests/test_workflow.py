@@ -1,0 +1,123 @@
+"""The whole Workflow (DESIGN.md §5), the aegis-checks WorkflowTemplate, and the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from aegis_flow.argo import lint, validate_schema
+from aegis_flow.jobspec import JobSpec
+from aegis_flow.templates import cli
+from aegis_flow.workflow import build_checks_template, render
+
+SPEC = JobSpec(image="img:1", command=("python", "train.py"), workers=4, max_retry=3)
+
+
+@pytest.fixture(scope="module")
+def wf() -> dict[str, Any]:
+    return render(SPEC)
+
+
+def templates(wf: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {t["name"]: t for t in wf["spec"]["templates"]}
+
+
+def steps(t: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {s["name"]: s for group in t["steps"] for s in group}
+
+
+def test_passes_the_strict_schema_and_the_lint(wf: dict[str, Any]) -> None:
+    assert validate_schema(wf) == []
+    assert lint([wf]) == []
+
+
+def test_master_daemon_at_the_top_then_the_attempt(wf: dict[str, Any]) -> None:
+    t = templates(wf)
+    main = t[wf["spec"]["entrypoint"]]["steps"]
+    assert [[s["name"] for s in g] for g in main] == [["master"], ["attempt"]]
+    assert t["master"]["daemon"] is True
+    args = {p["name"]: p["value"] for p in main[1][0]["arguments"]["parameters"]}
+    assert args == {"attempt": "0", "nats-url": "nats://{{steps.master.ip}}:4222",
+                    "excluded-nodes": "[]", "pod-spec-patch": "{}"}
+
+
+def test_attempt_phases_in_order(wf: dict[str, Any]) -> None:
+    attempt = templates(wf)["attempt"]
+    assert [[s["name"] for s in g] for g in attempt["steps"]] == [
+        ["bootcheck"], ["run"], ["verdict"], ["troubleshoot"], ["quarantine"],
+        ["resume", "give-up"]]
+    s = steps(attempt)
+    assert s["bootcheck"]["withSequence"] == {"count": "4"}
+    assert s["run"]["withSequence"] == {"count": "4"}
+    assert s["run"]["continueOn"] == {"failed": True, "error": True}
+    assert s["verdict"]["arguments"]["parameters"][0]["value"] == \
+        "{{steps.run.outputs.parameters}}"
+
+
+def test_recursion_is_guarded_by_outcome_and_max_retry(wf: dict[str, Any]) -> None:
+    resume = steps(templates(wf)["attempt"])["resume"]
+    assert resume["template"] == "attempt"
+    assert "{{steps.verdict.outputs.parameters.verdict}}" in resume["when"]
+    assert "{{inputs.parameters.attempt}} < {{workflow.parameters.max-retry}}" in resume["when"]
+
+
+def test_workflow_level_settings(wf: dict[str, Any]) -> None:
+    spec = wf["spec"]
+    assert spec["arguments"]["parameters"] == [{"name": "max-retry", "value": "3"}]
+    assert spec["podGC"] == {"strategy": "OnPodSuccess"}
+    assert spec["ttlStrategy"]["secondsAfterCompletion"] == SPEC.ttl_seconds_after_completion
+    assert spec["activeDeadlineSeconds"] == SPEC.active_deadline_seconds
+    assert spec["onExit"] == "report" and spec["serviceAccountName"] == "aegis-flow"
+    assert wf["metadata"]["generateName"] == "aegis-job-"
+
+
+def test_checks_template_exposes_bootcheck_and_each_check() -> None:
+    wt = build_checks_template(image="aegis:1").to_dict()
+    names = [t["name"] for t in wt["spec"]["templates"]]
+    assert names == ["bootcheck", "check-env", "check-io", "check-gpu", "check-runtime",
+                     "check-rdma", "check-all"]
+    assert validate_schema(wt) == [] and lint([wt]) == []
+
+
+def test_cli_render_the_done_when_command(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "wf.yaml"
+    rc = cli.main(["render", "--workers", "4", "--max-retry", "3", "--image", "IMG",
+                   "-o", str(out), "--", "python", "train.py", "--epochs", "2"])
+    assert rc == 0
+    (doc,) = list(yaml.safe_load_all(out.read_text()))
+    assert validate_schema(doc) == [] and lint([doc]) == []
+    worker = templates(doc)["worker"]["container"]["command"]
+    assert worker[-4:] == ["python", "train.py", "--epochs", "2"]
+    assert cli.main(["lint", str(out)]) == 0
+
+
+def test_cli_render_from_a_job_file_with_overrides(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("name: llm\nimage: img:2\ncommand: [python, t.py]\nworkers: 2\n")
+    out = tmp_path / "wf.yaml"
+    assert cli.main(["render", "-f", str(job), "--workers", "3", "--checks-template",
+                     "-o", str(out)]) == 0
+    wf, wt = yaml.safe_load_all(out.read_text())
+    assert wf["metadata"]["generateName"] == "llm-" and wt["kind"] == "WorkflowTemplate"
+    assert steps(templates(wf)["attempt"])["run"]["withSequence"] == {"count": "3"}
+
+
+def test_cli_render_rejects_a_bad_job_with_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["render", "--image", "IMG", "--name", "Bad_Name", "--", "x"]) == 2
+    assert "e.g. 'bad-name'" in capsys.readouterr().err
+    assert cli.main(["render", "--image", "IMG"]) == 2
+    assert "after '--' (e.g. -- python train.py)" in capsys.readouterr().err
+
+
+def test_cli_lint_reports_problems(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: argoproj.io/v1alpha1\nkind: Workflow\nmetadata: {name: x}\n"
+                   "spec:\n  entrypoint: nope\n  templates:\n  - name: a\n    container:\n"
+                   "      image: i\n      imagePulPolicy: Always\n")
+    assert cli.main(["lint", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "[entrypoint]" in out and "imagePulPolicy" in out
