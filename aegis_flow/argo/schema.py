@@ -1,7 +1,9 @@
 """Validate manifests against Argo's JSON schema, made strict.
 
-Side effects: reads the schema file once (cached). Argo's published schema (v4.0.5, bundled
-beside this module) is lenient in two ways that hide our mistakes, so we patch it:
+Side effects: reads the schema file once (cached). Argo's published schema (v4.0.5; not shipped
+with aegis-flow: it is Argo's file — point ``$AEGIS_ARGO_SCHEMA`` at it, or keep it in the
+``shared/argo/`` folder beside a checkout) is lenient in ways that hide our mistakes, so we
+patch it:
 ``IntOrString`` becomes string-or-integer (it is published as string only), ``Quantity``
 string-or-number, and every object definition with ``properties`` gets
 ``additionalProperties: false``, so a misspelt key (``retryStrategy.expresion``) fails.
@@ -35,10 +37,26 @@ class SchemaError:
         return f"{self.where}: {self.message}"
 
 
+class SchemaUnavailable(RuntimeError):
+    """Argo's schema file cannot be found; the semantic lint still works without it."""
+
+
 def schema_path() -> Path:
-    """``$AEGIS_ARGO_SCHEMA``, else the copy bundled with the package."""
+    """``$AEGIS_ARGO_SCHEMA``, else ``shared/argo/`` beside the checkout; SchemaUnavailable."""
     env = os.environ.get("AEGIS_ARGO_SCHEMA")
-    return Path(env) if env else _HERE / f"schema-{SCHEMA_VERSION}.json"
+    if env:
+        if not Path(env).is_file():
+            raise SchemaUnavailable(f"AEGIS_ARGO_SCHEMA={env} does not exist")
+        return Path(env)
+    name = f"schema-{SCHEMA_VERSION}.json"
+    for base in (_HERE.parents[1], _HERE.parents[2]):
+        candidate = base / "shared" / "argo" / name
+        if candidate.is_file():
+            return candidate
+    raise SchemaUnavailable(
+        f"Argo's JSON schema ({name}) was not found: download it from Argo Workflows' release "
+        f"(api/jsonschema/schema.json of {SCHEMA_VERSION}) and set AEGIS_ARGO_SCHEMA to its "
+        "path, or lint with --no-schema")
 
 
 def strict_schema(raw: dict[str, Any]) -> dict[str, Any]:

@@ -89,9 +89,15 @@ def _spec_from_args(args: argparse.Namespace) -> Any:
 def check_documents(docs: list[dict[str, Any]], *, schema: bool = True) -> list[str]:
     """Schema errors and lint findings of the documents, as printable lines."""
     from aegis_flow.argo.lint import lint
-    from aegis_flow.argo.schema import validate_schema
+    from aegis_flow.argo.schema import SchemaUnavailable, schema_path, validate_schema
 
     problems: list[str] = []
+    if schema:
+        try:
+            schema_path()
+        except SchemaUnavailable as exc:
+            print(f"warning: JSON schema NOT checked: {exc}", file=sys.stderr)
+            schema = False
     if schema:
         for doc in docs:
             name = (doc.get("metadata") or {}).get("name") or (doc.get("metadata") or {}).get(
