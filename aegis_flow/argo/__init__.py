@@ -1,6 +1,6 @@
 """aegis_flow.argo: offline validation of Argo manifests (JSON schema + semantic lint).
 
-PURE apart from reading the bundled schema file; nothing talks to a cluster.
+PURE apart from reading Argo's schema file (see schema.py); nothing talks to a cluster.
 """
 
 from aegis_flow.argo.lint import Finding, lint
