@@ -74,7 +74,8 @@ def events(status: Status, *, message_layer: bool) -> list[tuple[Kind, Event]]:
     if phase is Phase.PENDING:
         out.append((Kind.NORMAL, ConnectTimeout()))
     out.append((Kind.STOP, Stop(STOP_REASON)))
-    return _unique(out)
+    # only re-deliveries can repeat a first delivery (a heartbeat equal to a returning Ack)
+    return _unique(out) if message_layer else out
 
 
 def _worker_events(status: Status, pod: PodInfo, message_layer: bool) -> list[tuple[Kind, Event]]:

@@ -119,7 +119,8 @@ class Exploration:
     transitions: int = 0  # step() calls, i.e. explored edges (cut ones included)
     max_depth: int = 0
     cut_edges: int = 0  # edges to live states beyond the seq bound (not explored)
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall clock
+    cpu_seconds: float = 0.0  # this process's CPU time (steadier on a shared machine)
     exceeded: bool = False
     keys: list[int] = field(default_factory=list)
     parent: array[int] = field(default_factory=lambda: array("i"))
@@ -128,7 +129,6 @@ class Exploration:
     expanded: bytearray = field(default_factory=bytearray)  # 0: violates an invariant
     has_cut: bytearray = field(default_factory=bytearray)
     has_progress: bytearray = field(default_factory=bytearray)  # a non-Stop, non-loop edge
-    recovery: bytearray = field(default_factory=bytearray)  # live, in a recovery phase
     # progress edges (no Stop, no self-loop, no cut), deduplicated per source
     edge_src: array[int] = field(default_factory=lambda: array("i"))
     edge_dst: array[int] = field(default_factory=lambda: array("i"))
@@ -148,7 +148,7 @@ def explore(
     invariants: Sequence[StateCheck] = (),
     transition_invariants: Sequence[EdgeCheck] = (),
     dump: bool = False,
-    canonical: Callable[[Status], str] | None = None,
+    project: Callable[[Status], str] | None = None,
 ) -> Exploration:
     """Explore every state reachable from ``config.initial()``; see the module docstring.
 
@@ -157,7 +157,8 @@ def explore(
     """
     if dump and config.symmetry:
         raise ValueError("a state dump needs every concrete state: turn symmetry off")
-    start = time.perf_counter()
+    to_line = project if project is not None else canonical
+    start, cpu = time.perf_counter(), time.process_time()
     ex = Exploration(config=config)
     enc = ex.encoder = Encoder(symmetry=config.symmetry)
     ml, bound = config.message_layer, config.seq_bound
@@ -178,15 +179,14 @@ def explore(
         ex.terminal.append(term)
         ex.has_cut.append(0)
         ex.has_progress.append(0)
-        ex.recovery.append(status.phase in _RECOVERY_PHASES)
         ok = True
         for name, check in invariants:
             if not check(status):
                 ok = False
                 ex.state_violations.setdefault(name, sid)
         ex.expanded.append(ok and not term)
-        if ex.canonical_states is not None and canonical is not None:
-            ex.canonical_states.add(canonical(status))
+        if ex.canonical_states is not None:
+            ex.canonical_states.add(to_line(status))
         if ok and not term:
             frontier.append((status, sid))
         if sid + 1 > config.max_states:
@@ -203,6 +203,7 @@ def explore(
         ex.exceeded = True
     ex.states = len(ex.keys)
     ex.seconds = time.perf_counter() - start
+    ex.cpu_seconds = time.process_time() - cpu
     return ex
 
 
@@ -306,3 +307,31 @@ def trace(ex: Exploration, ids: Sequence[int],
         kind, event = last
         out.append(TraceStep(len(out), kind, event, step(cur, event)[0]))
     return out
+
+
+def _b(flag: bool) -> str:
+    return "TRUE" if flag else "FALSE"
+
+
+def canonical(status: Status) -> str:
+    """One line over the variables a TLA+ spec shares with the machine, in TLA+ syntax.
+
+    phase, shouldQuit, recoverCount, the master's seq, then per worker (by rank) the inner
+    phase, finished, retries and the worker's seq.
+    """
+    pods = status.workers
+    return (
+        f"phase={status.phase.value} shouldQuit={_b(status.should_quit)} "
+        f"recoverCount={status.recover_count} seq={status.seq} "
+        f"inner=<<{','.join(p.phase.value for p in pods)}>> "
+        f"finished=<<{','.join(_b(p.finished) for p in pods)}>> "
+        f"retries=<<{','.join(str(p.retries) for p in pods)}>> "
+        f"wseq=<<{','.join(str(p.seq) for p in pods)}>>"
+    )
+
+
+def dump_lines(ex: Exploration) -> list[str]:
+    """The sorted, unique canonical lines of every reachable state (``explore(dump=True)``)."""
+    if ex.canonical_states is None:
+        raise ValueError("this exploration kept no canonical states: run it with dump=True")
+    return sorted(ex.canonical_states)
