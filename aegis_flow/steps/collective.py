@@ -9,13 +9,17 @@ the process group and the store at the end, so the same process can run the trai
 Importing this module loads the standard library only.
 
 **Rendezvous.** ``rendezvous`` is ``host:port`` (``tcp://host:port`` and ``[v6]:port`` also
-accepted); rank 0 runs the store on that port. Each rank first writes a "joined" key and waits
-for every rank's key, so a rank that never joins is *named* (``data["missing_ranks"]``); then
-``init_process_group`` runs over that same store. Every wait is bounded: the store connect, the
-join wait and ``init_process_group`` all get the time left before ``budget - margin`` (margin =
-min(2 s, 20 % of the budget)), so a missing rank makes every other rank report ``timeout``
-within the budget. Use a **fresh port for every call**: a rank that finishes one check early
-could otherwise reach rank 0's previous store while rank 0 is still closing it.
+accepted); rank 0 runs the store on that port (the other ranks poll the port with plain sockets
+first: TCPStore's own connect retries overrun their timeout). Each rank writes a "joined" key;
+rank 0 answers ``go`` once every rank has joined, or at the deadline ``abort`` with the missing
+ranks, which every joined rank reports alike (``data["missing_ranks"]``); then
+``init_process_group`` runs over that same store. Every wait is bounded: the port poll, the
+store connect, the join and ``init_process_group`` all get the time left before
+``budget - margin`` (margin = min(2 s, 20 % of the budget)), so a missing rank makes every other
+rank report ``timeout`` within the budget. The port may be reused by the next call at once: a
+rank that finishes early can reach rank 0's previous store while rank 0 is still closing it, but
+rank 0 deletes its ``go`` as soon as every rank is past it, so that rank waits, sees the store
+close and rejoins the new one (``data["rejoins"]``).
 
 **If torch blocks anyway** (a peer dies in the middle of a collective, a driver hangs), the
 budget runner abandons the probe thread and the result says ``timeout`` with
@@ -33,8 +37,9 @@ point-to-point transfers of the same size: every rank sends to its ring successo
 predecessor, in rounds where no rank takes part in two transfers (:func:`ring_schedule`, at most
 7 rounds whatever n), with an all_reduce barrier between rounds. The receiver is always already
 waiting, so a sender's time is its own: its host, its device, its egress and the link. A rank's
-number is the *best* of its sends (median over ``iters`` per peer), so one slow peer on the
-receiving end cannot make it look slow; ``data["rank_bandwidth_gbps"]``. The ranks all_gather
+number is the *best* of its sends: per peer the median of ``iters`` sends, then the faster
+peer, so one slow peer on the receiving end cannot make it look slow;
+``data["rank_bandwidth_gbps"]`` (the raw send times are in ``data["send_s"]``). The ranks all_gather
 those numbers and apply :func:`~aegis_flow.steps.slow.flag_slow` (below ``slow_fraction`` × the
 peers' median): a flagged rank's own result fails (the diagnosis marks it slow), the others'
 pass, and every result lists ``data["slow_ranks"]``.
@@ -54,8 +59,11 @@ checks that slot j holds rank j's tensor).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import os
+import socket
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -194,6 +202,7 @@ class _Session:
     device: Any
     join_timeout: float  # rendezvous + init_process_group, seconds
     op_timeout: float  # the process group's collective timeout afterwards
+    grace: float  # rank 0 lingers this long past the join timeout to hand out its verdict
     store: Any = None
     owns_pg: bool = False
     data: dict[str, Any] = field(default_factory=dict)
@@ -203,7 +212,7 @@ class _Session:
 
 
 def _open(name: str, check: str, *, world_size: int, rank: int, rendezvous: str, backend: str,
-          join_timeout: float, op_timeout: float) -> _Session:
+          join_timeout: float, op_timeout: float, grace: float) -> _Session:
     """Import torch, resolve the backend and device, parse the rendezvous (no network yet)."""
     base = {"world_size": world_size, "rank": rank, "rendezvous": rendezvous}
     try:
@@ -233,7 +242,7 @@ def _open(name: str, check: str, *, world_size: int, rank: int, rendezvous: str,
     else:
         device = torch.device("cpu")
     session = _Session(name, world_size, rank, host, port, chosen, torch, dist, device,
-                       join_timeout, op_timeout)
+                       join_timeout, op_timeout, grace)
     session.data.update(base, backend=chosen, device=str(device))
     return session
 
@@ -253,44 +262,40 @@ def _join(s: _Session, check: str) -> None:
                       "this process; run the check in a fresh process or after "
                       "destroy_process_group()", s.data)
     where = f"{s.host}:{s.port}"
-    try:
-        s.store = dist.TCPStore(s.host, s.port, s.world_size, s.rank == 0, timeout=left(),
-                                wait_for_workers=False)
-    except Exception as exc:
-        what = (f"open the rendezvous store on port {s.port}" if s.rank == 0 else
-                f"reach the rendezvous store at {where} (rank 0)")
-        status = CheckStatus.TIMEOUT if _is_timeout(exc) else CheckStatus.FAIL
-        missing = [] if s.rank == 0 else [0]
-        raise _Failed(status, f"{check}: rank {s.rank} could not {what} within "
-                      f"{time.monotonic() - t0:.1f} s: {_first_line(exc)}",
-                      {**s.data, "missing_ranks": missing if status is CheckStatus.TIMEOUT
-                       else [], "exception": type(exc).__name__}) from None
-
-    def key(r: int) -> str:
-        return f"aegis/{s.name}/joined/{r}"
-
-    try:
-        s.store.set(key(s.rank), str(os.getpid()))
-        s.store.wait([key(r) for r in range(s.world_size)], left())
-    except Exception as exc:
-        missing = _missing(s, key)
-        status = CheckStatus.TIMEOUT if _is_timeout(exc) else CheckStatus.FAIL
-        who = (f"rank(s) {', '.join(map(str, missing))} did not join" if missing else
-               "the rendezvous broke off" if missing is None else "not every rank joined")
-        raise _Failed(status, f"{check}: {who} within {time.monotonic() - t0:.1f} s "
-                      f"(rendezvous {where}, {s.world_size} ranks): {_first_line(exc)}",
-                      {**s.data, "missing_ranks": missing or [],
-                       "joined_ranks": sorted(set(range(s.world_size)) - set(missing or [])),
-                       "exception": type(exc).__name__}) from None
+    while True:  # a client whose store connection breaks (rank 0's previous store closing) rejoins
+        try:
+            _connect_store(s, check, deadline, t0)
+        except _Failed as f:
+            if s.rank != 0 and f.status is CheckStatus.FAIL and _rejoin(s, deadline):
+                continue
+            raise
+        try:
+            _await_peers(s, deadline)
+            break
+        except _Failed as f:
+            raise _Failed(f.status, f"{check}: {f.detail} within {time.monotonic() - t0:.1f} s "
+                          f"(rendezvous {where}, {s.world_size} ranks)", {**s.data, **f.data}
+                          ) from None
+        except Exception as exc:
+            s.store = None
+            if s.rank != 0 and not _is_timeout(exc) and _rejoin(s, deadline):
+                continue
+            status = CheckStatus.TIMEOUT if _is_timeout(exc) else CheckStatus.FAIL
+            raise _Failed(status, f"{check}: rank {s.rank}: the rendezvous at {where} broke "
+                          f"off after {time.monotonic() - t0:.1f} s: {_first_line(exc)}",
+                          {**s.data, "exception": type(exc).__name__}) from None
     s.data["rendezvous_s"] = round(time.monotonic() - t0, 4)
     t1 = time.monotonic()
     if s.backend == "nccl":
         s.torch.cuda.set_device(s.device)
+    s.owns_pg = True  # none existed (checked above): whatever init leaves behind is ours
     dist.init_process_group(s.backend, store=dist.PrefixStore(f"aegis/{s.name}/pg", s.store),
                             rank=s.rank, world_size=s.world_size, timeout=left(),
                             device_id=s.device if s.backend == "nccl" else None)
-    s.owns_pg = True
     s.data["init_s"] = round(time.monotonic() - t1, 4)
+    if s.rank == 0:  # every rank is past "go" now: a stale "go" must never greet a next call
+        with contextlib.suppress(Exception):
+            s.store.delete_key(f"aegis/{s.name}/go")
     if s.op_timeout > s.join_timeout:  # collectives may take longer than joining did
         try:
             from torch.distributed.distributed_c10d import _set_pg_timeout
@@ -300,11 +305,106 @@ def _join(s: _Session, check: str) -> None:
             pass  # a private API: without it, collectives keep the join timeout
 
 
-def _missing(s: _Session, key: Callable[[int], str]) -> list[int] | None:
+def _rejoin(s: _Session, deadline: float) -> bool:
+    """Whether a client may try the rendezvous again (time is left); counts the tries."""
+    if time.monotonic() >= deadline - 0.2:
+        return False
+    s.data["rejoins"] = int(s.data.get("rejoins", 0)) + 1
+    time.sleep(0.1)
+    return True
+
+
+def _connect_store(s: _Session, check: str, deadline: float, t0: float) -> None:
+    """Rank 0: open the store (the server); the others: wait for the port, then connect."""
+    if s.rank != 0:
+        _await_port(s, check, deadline, t0)
     try:
-        return [r for r in range(s.world_size) if not s.store.check([key(r)])]
-    except Exception:  # the store itself is gone (rank 0 gave up first)
-        return None
+        s.store = s.dist.TCPStore(s.host, s.port, s.world_size, s.rank == 0,
+                                  timeout=timedelta(seconds=max(0.1, deadline - time.monotonic())),
+                                  wait_for_workers=False)
+    except Exception as exc:
+        what = (f"open the rendezvous store on port {s.port}" if s.rank == 0 else
+                f"reach the rendezvous store at {s.host}:{s.port} (rank 0)")
+        status = CheckStatus.TIMEOUT if _is_timeout(exc) else CheckStatus.FAIL
+        gone = [0] if s.rank != 0 and status is CheckStatus.TIMEOUT else []
+        raise _Failed(status, f"{check}: rank {s.rank} could not {what} within "
+                      f"{time.monotonic() - t0:.1f} s: {_first_line(exc)}",
+                      {**s.data, "missing_ranks": gone, "exception": type(exc).__name__}
+                      ) from None
+
+
+def _await_port(s: _Session, check: str, deadline: float, t0: float) -> None:
+    """Wait, bounded by ``deadline``, until rank 0's store accepts connections.
+
+    TCPStore's own client retries with a back-off that can overrun its timeout by seconds (and
+    logs a stack trace per try); a plain socket poll ends on time, quietly.
+    """
+    last: OSError | None = None
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        try:
+            with socket.create_connection((s.host, s.port), timeout=min(1.0, remaining)):
+                return
+        except OSError as exc:
+            last = exc
+        time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+    why = f"{type(last).__name__}: {last}" if last is not None else "no time left"
+    raise _Failed(CheckStatus.TIMEOUT, f"{check}: rank {s.rank} could not reach the rendezvous "
+                  f"store at {s.host}:{s.port} (rank 0) within {time.monotonic() - t0:.1f} s "
+                  f"({why})", {**s.data, "missing_ranks": [0], "joined_ranks": []})
+
+
+def _await_peers(s: _Session, deadline: float) -> None:
+    """Every rank writes its "joined" key; rank 0 decides: ``go`` once all have joined, or at
+    the deadline ``abort`` with the missing ranks, which every joined rank then reports the
+    same way. Polls with ``check`` (quiet, never blocks long); bounded by ``deadline`` (rank 0
+    lingers up to ``s.grace`` past it, within the budget's margin, so that the others can read
+    its verdict)."""
+    store, n = s.store, s.world_size
+    prefix = f"aegis/{s.name}"
+    joined = [f"{prefix}/joined/{r}" for r in range(n)]
+    go, abort = f"{prefix}/go", f"{prefix}/abort"
+    interval = 0.05 if n <= 16 else 0.25
+    store.set(joined[s.rank], str(os.getpid()))
+
+    def missing() -> list[int]:
+        return [r for r in range(n) if not store.check([joined[r]])]
+
+    def verdict(gone: list[int], by: str) -> _Failed:
+        who = ", ".join(map(str, gone)) if gone else "?"
+        return _Failed(CheckStatus.TIMEOUT, f"rank(s) {who} did not join ({by})",
+                       {"missing_ranks": gone,
+                        "joined_ranks": sorted(set(range(n)) - set(gone))})
+
+    while True:
+        if s.rank == 0:
+            if store.check(joined):
+                store.set(go, "1")
+                return
+        else:
+            if store.check([go]):
+                return
+            if store.check([abort]):
+                gone = [int(r) for r in json.loads(store.get(abort).decode())]
+                store.set(f"{prefix}/ack/{s.rank}", "1")
+                raise verdict(gone, "rank 0's verdict")
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    gone = missing()
+    if s.rank != 0:
+        store.set(f"{prefix}/ack/{s.rank}", "1")  # rank 0 need not linger for this one
+    else:
+        store.set(abort, json.dumps(gone))
+        present = [f"{prefix}/ack/{r}" for r in range(1, n) if r not in gone]
+        linger = time.monotonic() + s.grace
+        while present and not store.check(present) and time.monotonic() < linger:
+            time.sleep(interval)
+        with contextlib.suppress(Exception):  # a stale verdict must not greet a next call
+            store.delete_key(abort)
+    raise verdict(gone, "rank 0's verdict" if s.rank == 0 else f"seen by rank {s.rank}")
 
 
 def _teardown(s: _Session) -> None:
@@ -400,6 +500,7 @@ def _performance(s: _Session, size_mib: float, iters: int, warmup: int,
     algbw = nbytes / per_iter / GB
     busbw = algbw * 2 * (n - 1) / n
     send_gbps: dict[int, float] = {}
+    send_s: dict[str, list[float]] = {}
     if n > 1:
         p2p_warm = max(1, warmup)  # the first transfer of a pair may set up its channel
         recv = torch.empty_like(buf)
@@ -409,6 +510,7 @@ def _performance(s: _Session, size_mib: float, iters: int, warmup: int,
                 if src == rank:
                     times = _timed_sends(s, buf, dst, p2p_warm + iters, delay)[p2p_warm:]
                     send_gbps[dst] = nbytes / statistics.median(times) / GB
+                    send_s[str(dst)] = [round(t, 6) for t in times]
                 elif dst == rank:
                     for _ in range(p2p_warm + iters):
                         dist.recv(recv, src=src)
@@ -423,8 +525,9 @@ def _performance(s: _Session, size_mib: float, iters: int, warmup: int,
     slow = flag_slow(by_rank, fraction)
     median = peer_median(by_rank, rank)
     data = {"size_mib": size_mib, "bytes": nbytes, "iters": iters, "warmup": warmup,
-            "allreduce_s": per_iter, "algbw_gbps": algbw, "busbw_gbps": busbw,
+            "allreduce_iter_s": per_iter, "algbw_gbps": algbw, "busbw_gbps": busbw,
             "rank_bandwidth_gbps": mine, "send_gbps": {str(d): v for d, v in send_gbps.items()},
+            "send_s": send_s,
             "all_rank_bandwidth_gbps": every, "peer_median_gbps": median,
             "slow_ranks": slow, "slow_fraction": fraction,
             "method": "p2p-send" if n > 1 else "single-rank-allreduce",
@@ -479,7 +582,8 @@ def check_allreduce(*, world_size: int, rank: int, rendezvous: str,
     try:
         s = _open("allreduce", CONNECTION, world_size=world_size, rank=rank,
                   rendezvous=rendezvous, backend=backend, join_timeout=join_timeout,
-                  op_timeout=max(join_timeout, perf_budget - _margin(perf_budget)))
+                  op_timeout=max(join_timeout, perf_budget - _margin(perf_budget)),
+                  grace=min(1.0, _margin(conn_budget) / 2))
     except _Failed as f:
         conn = CheckResult.make(CONNECTION, f.status, f.detail, budget=conn_budget,
                                 timestamp=time.time(), data=f.data)
@@ -547,7 +651,7 @@ def check_health(*, world_size: int, rank: int, rendezvous: str,
     try:
         s = _open("health", HEALTH, world_size=world_size, rank=rank, rendezvous=rendezvous,
                   backend=backend, join_timeout=limit - _margin(limit),
-                  op_timeout=limit - _margin(limit))
+                  op_timeout=limit - _margin(limit), grace=min(1.0, _margin(limit) / 2))
     except _Failed as f:
         return CheckResult.make(HEALTH, f.status, f.detail, budget=budget,
                                 timestamp=time.time(), data=f.data)
