@@ -124,8 +124,19 @@ class ProgressSocket:
         self.close()
 
 
+def find_tool(name: str) -> str | None:
+    """``name`` on PATH, else beside this interpreter (a virtualenv's scripts directory)."""
+    import sysconfig
+
+    found = shutil.which(name)
+    if found is None:
+        candidate = Path(sysconfig.get_path("scripts")) / name
+        found = str(candidate) if os.access(candidate, os.X_OK) else None
+    return found
+
+
 def collect_stacks(pid: int, *, timeout: float = 10.0,
-                   which: Callable[[str], str | None] = shutil.which) -> str:
+                   which: Callable[[str], str | None] = find_tool) -> str:
     """The Python stacks of process ``pid`` via ``py-spy dump``, or a note saying why not."""
     exe = which("py-spy")
     if exe is None:
