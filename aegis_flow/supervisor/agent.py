@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aegis_flow import protocol as p
-from aegis_flow.steps.classify import UNKNOWN_CAUSE, Cause, classify, load_table
+from aegis_flow.steps.classify import UNKNOWN_CAUSE, Cause, CauseTable, classify, load_table
 from aegis_flow.steps.hang import HangWatchdog, ProgressSocket, collect_stacks
 from aegis_flow.supervisor import child as childmod
 from aegis_flow.supervisor.checks import bootcheck_or_troubleshoot
@@ -114,6 +114,7 @@ class Supervisor:
         self.last_order_at = 0.0
         self.zygote: Zygote | None = None
         self.progress: ProgressSocket | None = None
+        self._causes: CauseTable | None = None
 
     # -- messages ---------------------------------------------------------------------------
     def _msg(self, mtype: p.MsgType, seq: int, data: dict[str, Any]) -> p.Message:
@@ -274,7 +275,9 @@ class Supervisor:
 
     def _classify(self, lines: tuple[str, ...]) -> Cause:
         try:
-            return classify(lines, load_table(self.cfg.causes_file))
+            if self._causes is None:  # loaded once: the Error report is on the critical path
+                self._causes = load_table(self.cfg.causes_file)
+            return classify(lines, self._causes)
         except Exception as exc:  # noqa: BLE001 - a bad user table must not lose the report
             _warn(f"log classifier: {exc}")
             return UNKNOWN_CAUSE
@@ -358,6 +361,7 @@ class Supervisor:
         await self.nc.subscribe(self.subjects.broadcast, cb=self._cb)
         await self.nc.subscribe(self.subjects.worker(self.cfg.rank), cb=self._cb)
         self.last_order_at = time.monotonic()
+        self._classify(())  # load the cause table now, not when a rank has just died
         beat = asyncio.ensure_future(self._beat_loop())
         reaper = asyncio.ensure_future(self._reap_loop()) if os.getpid() == 1 else None
         try:

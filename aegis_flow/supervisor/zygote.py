@@ -27,6 +27,10 @@ import time
 import traceback
 
 PRELOAD = ("torch", "torch._dynamo", "torch.nn.parallel", "torch.distributed")
+# the checks run in a fork of this process too: keep their modules warm when importable
+CHECK_MODULES = ("aegis_flow.steps.cli", "aegis_flow.steps.collective",
+                 "aegis_flow.steps.runtime", "aegis_flow.steps.io", "aegis_flow.steps.gpu",
+                 "aegis_flow.steps.rdma", "aegis_flow.steps.env")
 
 
 def _send(sock: socket.socket, obj: object) -> None:
@@ -113,6 +117,11 @@ def main() -> int:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - torch is optional: then only Python is warm
             break
+    for name in CHECK_MODULES if preload is None else ():
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - aegis-flow may not be installed in this image
+            pass
     wake_r, wake_w = os.pipe()  # SIGCHLD wakes the select below: no polling
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
