@@ -198,3 +198,21 @@ def test_cli_json_reports_a_violation_with_exit_1(monkeypatch: pytest.MonkeyPatc
     assert code == 1
     prop = json.loads(capsys.readouterr().out)["properties"]["StaleFinishRejected"]
     assert prop["holds"] is False and prop["trace"][-1]["kind"] == "stale"
+
+
+# --------------------------------------------------------------------------- graph helpers
+
+
+def test_cycle_finder_is_iterative_and_exact() -> None:
+    from array import array
+
+    from aegis_flow.verify.properties import _find_cycle
+
+    def edges(pairs: list[tuple[int, int]]) -> tuple[array[int], array[int]]:
+        return array("i", [a for a, _ in pairs]), array("i", [b for _, b in pairs])
+
+    assert _find_cycle(5, *edges([(0, 1), (1, 2), (0, 2), (2, 3)])) is None
+    assert _find_cycle(6, *edges([(0, 1), (1, 2), (2, 3), (3, 1), (3, 4)])) == [1, 2, 3, 1]
+    n = 20_000  # a long chain closing on itself: recursion would overflow the stack
+    cycle = _find_cycle(n, *edges([(i, (i + 1) % n) for i in range(n)]))
+    assert cycle is not None and cycle[0] == cycle[-1] == 0 and len(cycle) == n + 1

@@ -28,8 +28,10 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import le
 
 from aegis_flow.master.machine import (
+    TERMINAL_PHASES,
     Effect,
     Event,
     Phase,
@@ -223,17 +225,20 @@ def _expand(
     codes = enc.codes(status)
     own_key = ex.keys[sid]
     retries = status.retries
+    in_recovery = status.phase in _RECOVERY_PHASES
+    checks = [(n, c) for n, c in transition_invariants if n not in ex.edge_violations]
     succ: set[int] = set()
     rec: set[int] = set()
-    for kind, event in events(status, message_layer=ml):
+    evs = events(status, message_layer=ml)
+    ex.transitions += len(evs)
+    for kind, event in evs:
         new, effects = step(status, event)
-        ex.transitions += 1
-        for name, check in transition_invariants:
-            if name not in ex.edge_violations and not check(kind, event, status, new, effects):
-                ex.edge_violations[name] = (sid, kind, event)
+        for name, check in checks:
+            if not check(kind, event, status, new, effects):
+                ex.edge_violations.setdefault(name, (sid, kind, event))
         if new is status:
             continue
-        if new.seq == seq and new.error_nodes == nodes:
+        if new.seq == seq and (new.error_nodes is nodes or new.error_nodes == nodes):
             ncodes = [c if p is q else enc.pod_code(p, seq, nodes)
                       for p, q, c in zip(new.workers, pods, codes, strict=True)]
         else:
@@ -241,7 +246,7 @@ def _expand(
         key = enc.key(new, ncodes)
         if key == own_key:
             continue
-        term = new.phase.terminal
+        term = new.phase in TERMINAL_PHASES
         if not term and new.seq > bound:
             ex.cut_edges += 1
             ex.has_cut[sid] = 1
@@ -252,8 +257,8 @@ def _expand(
         if kind is Kind.STOP:
             continue
         succ.add(nid)
-        if (not term and new.phase in _RECOVERY_PHASES and status.phase in _RECOVERY_PHASES
-                and all(a <= b for a, b in zip(new.retries, retries, strict=True))):
+        if (in_recovery and not term and new.phase in _RECOVERY_PHASES
+                and all(map(le, new.retries, retries))):
             rec.add(nid)
     if succ:
         ex.has_progress[sid] = 1
