@@ -9,30 +9,16 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from aegis_flow.argtypes import non_negative_int, positive_int
+
 DESCRIPTION = """\
 aegis-flow makes PyTorch distributed training fault tolerant: it detects a failed rank,
 diagnoses it and recovers at the cheapest level (restart in place, restart the container,
 quarantine the node), locally or on Argo Workflows."""
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
 
 
 def _add_verify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,20 +31,20 @@ def _add_verify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "invariants of the design plus deadlock freedom, termination reachability and no "
         "endless recovery. Exits 1 on a violation, printing the shortest counterexample.",
     )
-    p.add_argument("--workers", type=_positive, default=3, help="number of workers (default 3)")
-    p.add_argument("--max-retry", type=_non_negative, default=2, help="max retries (default 2)")
-    p.add_argument("--flap-limit", type=_non_negative, default=3,
+    p.add_argument("--workers", type=positive_int, default=3, help="number of workers (default 3)")
+    p.add_argument("--max-retry", type=non_negative_int, default=2, help="max retries (default 2)")
+    p.add_argument("--flap-limit", type=non_negative_int, default=3,
                    help="uncounted replacements per worker between runs (default 3)")
     p.add_argument("--message-layer", action="store_true",
                    help="model lost, duplicated and stale messages and sequence numbers")
-    p.add_argument("--seq-bound", type=_positive, default=4,
+    p.add_argument("--seq-bound", type=positive_int, default=4,
                    help="explore live states with master seq <= this bound (default 4)")
     p.add_argument("--symmetry", action="store_true",
                    help="reduce by symmetry over interchangeable workers (faster; counts differ)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--dump", metavar="FILE",
                    help="write the reachable states in canonical form, one per line")
-    p.add_argument("--max-states", type=_positive, default=5_000_000,
+    p.add_argument("--max-states", type=positive_int, default=5_000_000,
                    help="give up (exit 2) beyond this many states (default 5,000,000)")
 
 

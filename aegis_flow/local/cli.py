@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from aegis_flow import protocol as p
+from aegis_flow.argtypes import non_negative_int
 
 SubParsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -24,14 +25,6 @@ def _job_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
 
 
 def add_parsers(sub: Any) -> None:
@@ -41,8 +34,8 @@ def add_parsers(sub: Any) -> None:
         description="Run CMD as N ranks on this machine under fault tolerance: a killed or "
         "failing rank is detected, diagnosed and every rank restarted in place, up to "
         "--max-retry times. Exits 0 when the job succeeded, 1 when it failed.")
-    r.add_argument("--workers", type=_count, required=True, help="number of ranks")
-    r.add_argument("--max-retry", type=_count, default=3, help="max restarts (default 3)")
+    r.add_argument("--workers", type=non_negative_int, required=True, help="number of ranks")
+    r.add_argument("--max-retry", type=non_negative_int, default=3, help="max restarts (default 3)")
     r.add_argument("--job", type=_job_name, default="job", help="job name (default 'job')")
     r.add_argument("--namespace", type=_job_name, default="default")
     r.add_argument("--nats-url", help="use this NATS server instead of an embedded one")

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from aegis_flow.argtypes import non_negative_int
 from aegis_flow.steps.base import (
     CHECK_TYPES,
     CheckResult,
@@ -150,14 +151,6 @@ def _budget(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
 
 
 def handle_check(args: argparse.Namespace) -> int:
@@ -218,12 +211,14 @@ def add_parsers(sub: Any) -> None:
                    metavar="CHECK=SECONDS", help="override a check's budget (repeatable; also "
                    "$AEGIS_CHECK_BUDGETS='io=5,gpu=10')")
     c.add_argument("--sysfs-root", default="/sys", help="sysfs root for rdma (default /sys)")
-    c.add_argument("--expect-gpus", type=_count, default=None, metavar="N",
+    c.add_argument("--expect-gpus", type=non_negative_int, default=None, metavar="N",
                    help="GPUs this node must have (default $AEGIS_EXPECT_GPUS, else any)")
     c.add_argument("--io-size-mib", type=float, default=8.0, help="io check size (default 8)")
     c.add_argument("--max-temp", type=float, default=90.0, help="GPU temperature limit, °C")
-    c.add_argument("--world-size", type=_count, default=None, help="collective checks: ranks")
-    c.add_argument("--rank", type=_count, default=None, help="collective checks: this rank")
+    c.add_argument("--world-size", type=non_negative_int, default=None,
+                   help="collective checks: ranks")
+    c.add_argument("--rank", type=non_negative_int, default=None,
+                   help="collective checks: this rank")
     c.add_argument("--rendezvous", default=None, metavar="URL",
                    help="collective checks: rendezvous, e.g. tcp://HOST:PORT")
     c.set_defaults(handler=handle_check)

@@ -12,25 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+from aegis_flow.argtypes import non_negative_int, positive_int
 
 
 def add_parsers(sub: Any) -> None:
@@ -47,9 +29,9 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("-o", "--output", default="-", help="output file (default: stdout)")
     r.add_argument("--name", help="job name (the Workflow's generateName prefix)")
     r.add_argument("--image", help="the training image (needs Python and aegis-flow)")
-    r.add_argument("--workers", type=_positive, help="number of worker pods")
-    r.add_argument("--gpus-per-worker", type=_non_negative)
-    r.add_argument("--max-retry", type=_non_negative, help="the workflow's max-retry default")
+    r.add_argument("--workers", type=positive_int, help="number of worker pods")
+    r.add_argument("--gpus-per-worker", type=non_negative_int)
+    r.add_argument("--max-retry", type=non_negative_int, help="the workflow's max-retry default")
     r.add_argument("--namespace")
     r.add_argument("--service-account")
     r.add_argument("--nats-url", help="external NATS (default: embedded in the master pod)")

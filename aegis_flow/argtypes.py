@@ -1,0 +1,26 @@
+"""argparse value types shared by every subcommand: clear messages naming the bad value. Pure."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    value = _whole(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _whole(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
