@@ -1,0 +1,270 @@
+"""Do the TLA+ spec and the Python machine reach the same states?
+
+For one ``Config`` both sides enumerate their reachable states, projected onto the variables
+they share — phase, shouldQuit, recoverCount, the master's seq, and per worker the inner
+phase, finished, retries and seq (``explorer.canonical``): the code by ``explore(dump=True)``
+over the real ``machine.step``, the spec by TLC's ``-dump``. Equal sets: conformance. On a
+difference, ``first_difference`` finds the shallowest differing state and a shortest trace to
+it: on the code side by a breadth-first replay of ``step``, on the spec side by asking TLC for
+a counterexample to "this state is never reached".
+
+Side effects: ``spec_states`` and ``spec_trace`` run TLC (``tlc.run_tlc``: a temporary directory
+and a ``java`` subprocess). The rest is pure computation.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aegis_flow.master import machine
+from aegis_flow.master.machine import Event, Status
+
+from .environment import events
+from .explorer import Config, Encoder, canonical, dump_lines, explore
+from .report import describe_event
+from .tlc import (
+    SPEC_DIR,
+    SPEC_NAME,
+    TlcFailed,
+    TlcResult,
+    project,
+    render_cfg,
+    run_tlc,
+)
+from .tlc import dump_lines as tlc_dump_lines
+
+#: What TLC checks while it enumerates the states for a comparison.
+CONFORMANCE_INVARIANTS = ("ValidPhase", "ValidInnerPhase", "RecoverCountBound", "RetriesBound",
+                          "PhaseConsistency", "WorkerSeqNumBound")
+
+
+@dataclass(frozen=True)
+class TraceRow:
+    """One step of a trace: the event that led here (None at the start) and the state's line."""
+
+    event: str
+    line: str
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The first differing state: which side has it, and a shortest trace to it there."""
+
+    side: str  # "spec" or "code": the side that reaches ``line``
+    line: str
+    trace: list[TraceRow]
+
+
+@dataclass
+class Comparison:
+    """The two projected state sets and, when they differ, the first difference."""
+
+    config: Config
+    spec_lines: list[str]
+    code_lines: list[str]
+    spec_result: TlcResult | None = None
+    differences: list[Difference] = field(default_factory=list)
+
+    @property
+    def only_in_spec(self) -> list[str]:
+        return sorted(set(self.spec_lines) - set(self.code_lines))
+
+    @property
+    def only_in_code(self) -> list[str]:
+        return sorted(set(self.code_lines) - set(self.spec_lines))
+
+    @property
+    def equal(self) -> bool:
+        return set(self.spec_lines) == set(self.code_lines)
+
+
+# --------------------------------------------------------------------------- the two sides
+
+
+def code_states(config: Config) -> list[str]:
+    """The sorted canonical lines of every state the Python checker reaches."""
+    if config.symmetry:
+        raise ValueError("a comparison needs every concrete state: turn symmetry off")
+    return dump_lines(explore(config, dump=True))
+
+
+def spec_cfg(config: Config, *, invariants: tuple[str, ...] = CONFORMANCE_INVARIANTS) -> str:
+    """The TLC configuration of ``spec/AegisFlow.tla`` with the constants of ``config``."""
+    return render_cfg(workers=config.workers, max_retry=config.max_retry,
+                      flap_limit=config.flap_limit, message_layer=config.message_layer,
+                      seq_bound=config.seq_bound, invariants=invariants)
+
+
+def spec_states(config: Config, *, spec: Path | None = None, tlc_workers: int = 1,
+                timeout: float = 600.0) -> tuple[list[str], TlcResult]:
+    """The sorted canonical lines of every state of the spec (TLC ``-dump``), and TLC's report.
+
+    Raises ``TlcFailed`` if TLC did not finish without error (the lines would be partial)."""
+    spec = spec if spec is not None else SPEC_DIR / f"{SPEC_NAME}.tla"
+    with tempfile.TemporaryDirectory(prefix="aegis-conformance-") as tmp:
+        dump = Path(tmp) / "states.dump"
+        result = run_tlc(spec, spec_cfg(config), workers=tlc_workers, dump=dump,
+                         timeout=timeout)
+        if not result.ok or not dump.is_file():
+            raise TlcFailed(f"TLC did not check the spec cleanly (exit {result.exit_code}: "
+                            f"{result.error or 'no dump'}):\n{result.output[-3000:]}")
+        lines = tlc_dump_lines(dump.read_text(encoding="utf-8"))
+    return lines, result
+
+
+# --------------------------------------------------------------------------- traces
+
+
+def code_trace(config: Config, targets: set[str]) -> Difference | None:
+    """A shortest trace of ``machine.step`` to a state whose line is in ``targets``.
+
+    Breadth-first over concrete statuses (keyed as the explorer keys them), with the
+    explorer's seq bound; None if no such state is reachable."""
+    enc = Encoder(symmetry=False)
+    start = config.initial()
+    if canonical(start) in targets:
+        return Difference("code", canonical(start), [TraceRow("(initial)", canonical(start))])
+    parent: dict[int, tuple[int, Event] | None] = {enc.encode(start): None}
+    queue: deque[tuple[Status, int]] = deque([(start, enc.encode(start))])
+    lines: dict[int, str] = {enc.encode(start): canonical(start)}
+    while queue:
+        status, key = queue.popleft()
+        if status.phase.terminal:
+            continue
+        for _, event in events(status, message_layer=config.message_layer):
+            new, _ = machine.step(status, event)
+            if new is status or (not new.phase.terminal and new.seq > config.seq_bound):
+                continue
+            nkey = enc.encode(new)
+            if nkey in parent:
+                continue
+            parent[nkey] = (key, event)
+            line = lines[nkey] = canonical(new)
+            if line in targets:
+                return Difference("code", line, _rows(parent, lines, nkey))
+            queue.append((new, nkey))
+    return None
+
+
+def _rows(parent: dict[int, tuple[int, Event] | None], lines: dict[int, str],
+          key: int) -> list[TraceRow]:
+    rows: list[TraceRow] = []
+    cur: int | None = key
+    while cur is not None:
+        link = parent[cur]
+        rows.append(TraceRow("(initial)" if link is None else describe_event(link[1]),
+                             lines[cur]))
+        cur = None if link is None else link[0]
+    return rows[::-1]
+
+
+_FIELD = re.compile(r"(\w+)=(<<[^>]*>>|\S+)")
+
+
+def _tla_atom(text: str) -> str:
+    if text in ("TRUE", "FALSE") or text.lstrip("-").isdigit():
+        return text
+    return f'"{text}"'
+
+
+def line_to_tla(line: str) -> str:
+    """A canonical line as a TLA+ tuple, comparable with ``Line(st)`` of the probe module."""
+    parts = []
+    for _name, value in _FIELD.findall(line):
+        if value.startswith("<<"):
+            items = [v for v in value[2:-2].split(",") if v]
+            parts.append("<<" + ", ".join(_tla_atom(v) for v in items) + ">>")
+        else:
+            parts.append(_tla_atom(value))
+    return "<<" + ", ".join(parts) + ">>"
+
+
+def _probe_module(workers: int, targets: list[str]) -> str:
+    names = [f"w{i + 1}" for i in range(workers)]
+    order = ", ".join(names)
+    n = len(names)
+    cols = ", ".join(f"[i \\in 1..{n} |-> s.w[Order[i]].{f}]"
+                     for f in ("phase", "finished", "retries", "seq"))
+    target_set = ",\n    ".join(line_to_tla(t) for t in targets)
+    return (f"---- MODULE {SPEC_NAME}Probe ----\nEXTENDS {SPEC_NAME}\n"
+            f"CONSTANTS {order}\nOrder == <<{order}>>\n"
+            f"Line(s) == <<s.phase, s.shouldQuit, s.recoverCount, s.seq, {cols}>>\n"
+            f"Targets == {{\n    {target_set}}}\n"
+            f"NotReached == Line(st) \\notin Targets\n====\n")
+
+
+def spec_trace(config: Config, targets: list[str], *, spec: Path | None = None,
+               timeout: float = 600.0, limit: int = 200) -> Difference | None:
+    """A shortest spec trace (TLC's breadth-first counterexample to "never reached") to one
+    of the first ``limit`` of ``targets``; None if TLC reaches none of them."""
+    spec = spec if spec is not None else SPEC_DIR / f"{SPEC_NAME}.tla"
+    chosen = sorted(targets)[:limit]
+    with tempfile.TemporaryDirectory(prefix="aegis-probe-") as tmp:
+        probe = Path(tmp) / f"{SPEC_NAME}Probe.tla"
+        probe.write_text(_probe_module(config.workers, chosen), encoding="utf-8")
+        names = [f"w{i + 1}" for i in range(config.workers)]
+        cfg = render_cfg(workers=config.workers, max_retry=config.max_retry,
+                         flap_limit=config.flap_limit, message_layer=config.message_layer,
+                         seq_bound=config.seq_bound, invariants=("NotReached",),
+                         extra_constants=[f"{w} = {w}" for w in names])
+        result = run_tlc(probe, cfg, timeout=timeout, extra_modules=[spec])
+    if result.violated_invariant != "NotReached" or not result.trace:
+        return None
+    rows = [TraceRow("(initial)" if i == 0 else "(spec step)", project(s))
+            for i, s in enumerate(result.trace)]
+    return Difference("spec", rows[-1].line, rows)
+
+
+# --------------------------------------------------------------------------- comparing
+
+
+def compare(config: Config, *, spec: Path | None = None, tlc_workers: int = 1,
+            timeout: float = 600.0) -> Comparison:
+    """Enumerate both sides for ``config``; on a difference find the first one on each side."""
+    spec_lines, result = spec_states(config, spec=spec, tlc_workers=tlc_workers,
+                                     timeout=timeout)
+    cmp = Comparison(config, spec_lines, code_states(config), result)
+    if not cmp.equal:
+        only_code, only_spec = cmp.only_in_code, cmp.only_in_spec
+        if only_code:
+            hit = code_trace(config, set(only_code))
+            if hit is not None:
+                cmp.differences.append(hit)
+        if only_spec:
+            found = spec_trace(config, only_spec, spec=spec, timeout=timeout)
+            if found is not None:
+                cmp.differences.append(found)
+        cmp.differences.sort(key=lambda d: len(d.trace))
+    return cmp
+
+
+def render_comparison(cmp: Comparison) -> str:
+    """A report: the counts, and for a difference the first differing state and its trace."""
+    cfg = cmp.config
+    head = (f"workers={cfg.workers} max-retry={cfg.max_retry} flap-limit={cfg.flap_limit} "
+            f"message-layer={'on' if cfg.message_layer else 'off'} seq <= {cfg.seq_bound}: "
+            f"spec {len(cmp.spec_lines):,} projected states, code {len(cmp.code_lines):,}")
+    if cmp.equal:
+        return head + "; the sets are equal"
+    lines = [head, f"DIFFERENT: {len(cmp.only_in_spec):,} only in the spec, "
+                   f"{len(cmp.only_in_code):,} only in the code"]
+    for d in cmp.differences:
+        other = "code" if d.side == "spec" else "spec"
+        lines += ["", f"first differing state (reached by the {d.side}, not by the {other}; "
+                      f"{len(d.trace) - 1} steps):", f"  {d.line}",
+                  f"shortest trace in the {d.side}:"]
+        width = max(len(r.event) for r in d.trace)
+        lines += [f"  {i:>3}  {r.event.ljust(width)}  {r.line}" for i, r in enumerate(d.trace)]
+    if not cmp.differences:
+        sample = (cmp.only_in_code or cmp.only_in_spec)[0]
+        lines.append(f"first differing line: {sample}")
+    return "\n".join(lines)
+
+
+__all__ = ["CONFORMANCE_INVARIANTS", "Comparison", "Difference", "TraceRow", "code_states",
+           "code_trace", "compare", "line_to_tla", "render_comparison", "spec_cfg",
+           "spec_states", "spec_trace"]
