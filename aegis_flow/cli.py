@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aegis-flow", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_verify(sub)
+    from aegis_flow.bundle import cli as bundle_cli
     from aegis_flow.local import cli as local_cli
     from aegis_flow.steps import cli as steps_cli
     from aegis_flow.templates import cli as argo_cli
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     local_cli.add_parsers(sub)
     steps_cli.add_parsers(sub)
     argo_cli.add_parsers(sub)
+    bundle_cli.add_parsers(sub)
     return parser
 
 

@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 
+from aegis_flow.outcome import write_outcome
 from aegis_flow.supervisor.agent import Supervisor, WorkerConfig
 from aegis_flow.supervisor.inject import Injection, InjectionError
 
@@ -43,13 +44,24 @@ def build_parser(prog: str = "aegis-flow worker") -> argparse.ArgumentParser:
     ap.add_argument("--no-prewarm", dest="prewarm", action="store_false",
                     help="start every run of a Python command cold instead of forking it from "
                     "a pre-warmed interpreter that has already imported torch")
+    ap.add_argument("--outcome-dir", default=env("AEGIS_OUTCOME_DIR", ""),
+                    help="write the outcome word and node name here at exit, for the Argo "
+                    "workflow's guards (env AEGIS_OUTCOME_DIR; empty: do not write)")
+    ap.add_argument("--creds", default=env("AEGIS_NATS_CREDS", ""),
+                    help="NATS credentials file, as written by `aegis-flow worker-init` "
+                    "(renewed before it expires) or any NATS .creds file; if it is missing the "
+                    "command runs without fault tolerance (env AEGIS_NATS_CREDS)")
+    ap.add_argument("--nkey-seed", default=env("AEGIS_NATS_NKEY_SEED", ""),
+                    help="NATS nkey seed file, for a server with nkey users "
+                    "(env AEGIS_NATS_NKEY_SEED)")
     ap.add_argument("--inject", action="append", default=[], metavar="SPEC",
                     help="fault injection for tests: crash:rank=R:after=5s, "
                     "exit:rank=R:code=3:after=8s (epoch=N|all selects the run epoch)")
     return ap
 
 
-def parse(argv: list[str], prog: str = "aegis-flow worker") -> WorkerConfig:
+def parse(argv: list[str], prog: str = "aegis-flow worker") -> tuple[WorkerConfig, str]:
+    """The supervisor's config and the outcome directory ("" when none)."""
     ap = build_parser(prog)
     if "--" in argv:
         i = argv.index("--")
@@ -72,12 +84,25 @@ def parse(argv: list[str], prog: str = "aegis-flow worker") -> WorkerConfig:
                         pod_ip=a.pod_ip, connect_timeout=a.connect_timeout,
                         master_timeout=a.master_timeout, heartbeat_interval=a.heartbeat,
                         grace=a.grace, injections=injections, work_dir=a.work_dir,
-                        prewarm=a.prewarm)
+                        prewarm=a.prewarm, nkey_seed=a.nkey_seed,
+                        creds=a.creds), a.outcome_dir
 
 
 def main(argv: list[str] | None = None, prog: str = "aegis-flow worker") -> int:
-    cfg = parse(list(sys.argv[1:] if argv is None else argv), prog)
-    return asyncio.run(Supervisor(cfg).run())
+    cfg, outcome_dir = parse(list(sys.argv[1:] if argv is None else argv), prog)
+    code = 1
+    try:
+        code = asyncio.run(Supervisor(cfg).run())
+    finally:
+        if outcome_dir:  # also when run() raised: the workflow must see a word, not nothing
+            try:
+                word = write_outcome(outcome_dir, code, cfg.node)
+                sys.stderr.write(f"[aegis-flow worker] outcome {word} (exit {code}) written "
+                                 f"to {outcome_dir}\n")
+            except OSError as exc:
+                sys.stderr.write(f"[aegis-flow worker] cannot write the outcome to "
+                                 f"{outcome_dir}: {exc}\n")
+    return code
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from aegis_flow.supervisor import child as childmod
 from aegis_flow.supervisor.checks import bootcheck_or_troubleshoot
 from aegis_flow.supervisor.inject import Injection
 from aegis_flow.supervisor.prewarm import Zygote, start_zygote
+from aegis_flow.supervisor.stats import BeatClock, StepRate, gpu_type
 
 # a replacement for the real checks (tests): (order, config) -> (ok, fault class, detail)
 CheckFn = Callable[[str, "WorkerConfig"], Awaitable[tuple[bool, str | None, str]]]
@@ -56,6 +57,8 @@ class WorkerConfig:
     hang_after: float = 300.0  # no progress for this long: Hang (marked, T13)
     hang_quit_after: float = 900.0  # ...and for this long: HangWithQuit (T14)
     causes_file: str | None = None  # extra log-classifier rules
+    nkey_seed: str = ""  # NATS nkey seed file; needs nkeys (PyNaCl)
+    creds: str = ""  # NATS credentials from worker-init (supervisor/creds.py); renewed
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
@@ -97,6 +100,37 @@ def _lossy_from_env(rank: int) -> Callable[[p.Message], bool] | None:
     return lambda _msg: rng.random() < share
 
 
+def _auth_options(cfg: WorkerConfig) -> dict[str, Any]:
+    """nats.connect keyword arguments for an nkey seed (none: no auth).
+
+    An nkey signs the server's nonce with nkeys, which needs PyNaCl (compiled per Python
+    and glibc); when it cannot be loaded the error says so instead of a bare ImportError.
+    """
+    auth: dict[str, Any] = {}
+    if cfg.nkey_seed:
+        auth["nkeys_seed"] = cfg.nkey_seed
+    if auth or cfg.creds:
+        try:
+            import nkeys  # noqa: F401  (nats-py imports it lazily; fail early and clearly)
+        except ImportError as exc:
+            raise RuntimeError(
+                f"NATS credentials need nkeys and PyNaCl, which this Python "
+                f"({sys.version.split()[0]}) cannot load ({exc}); build the supervisor bundle "
+                "with native wheels for this Python (aegis-flow bundle --native-wheels DIR)"
+            ) from None
+    return auth
+
+
+def _creds_session(cfg: WorkerConfig) -> Any:
+    """The worker's credentials (``--creds``, written by worker-init) as a renewing session;
+    None without ``--creds``. Raises CredsError when the file is missing or bad."""
+    if not cfg.creds:
+        return None
+    from aegis_flow.supervisor import creds as credsmod
+
+    return credsmod.Session(credsmod.read(cfg.creds), cfg.creds)
+
+
 class Supervisor:
     def __init__(self, cfg: WorkerConfig, *, checks: CheckFn | None = None,
                  drop: Callable[[p.Message], bool] | None = None) -> None:
@@ -115,6 +149,12 @@ class Supervisor:
         self.zygote: Zygote | None = None
         self.progress: ProgressSocket | None = None
         self._causes: CauseTable | None = None
+        # carried in every heartbeat, exported per worker by the master (stats.py)
+        self.child_starts = 0
+        self.steps = StepRate()
+        self.beats = BeatClock(cfg.heartbeat_interval)
+        self.gpu_type = gpu_type()
+        self.session: Any = None  # supervisor.creds.Session when --creds is given
 
     # -- messages ---------------------------------------------------------------------------
     def _msg(self, mtype: p.MsgType, seq: int, data: dict[str, Any]) -> p.Message:
@@ -136,8 +176,16 @@ class Supervisor:
         await self._publish(msg)
 
     async def heartbeat(self) -> None:
+        running = self.child is not None and self.child.running
+        now = time.monotonic()
+        self.beats.beat(now)
         data = {"node": self.cfg.node, "pod_ip": self.cfg.pod_ip,
-                "child_pid": self.child.pid if self.child and self.child.running else None}
+                "child_pid": self.child.pid if self.child and self.child.running else None,
+                "node_ip": os.environ.get("AEGIS_NODE_IP", self.cfg.pod_ip),
+                "gpu_type": self.gpu_type, "child_restarts": max(0, self.child_starts - 1),
+                "beat_lag": round(self.beats.lag, 4),
+                "step_rate": self.steps.rate(now) if running else 0.0,
+                "step": self.steps.last}
         await self._publish(self._msg(p.MsgType.ACK, self.seq, data))
         if self.last_report is not None and self.last_report.seq == self.seq:
             await self._publish(self.last_report)  # repeat until the seq advances
@@ -249,6 +297,8 @@ class Supervisor:
             await _await_rendezvous(env["MASTER_ADDR"], int(env["MASTER_PORT"]))
         try:
             self.child = await self._start(env)
+            self.child_starts += 1
+            self.steps.reset()
         except OSError as exc:
             await self.report(p.MsgType.ERROR, {"cause": f"cannot start command: {exc}",
                                                 "code": 127})
@@ -257,6 +307,7 @@ class Supervisor:
         watch = asyncio.ensure_future(self._watch_hang(self.child))
         try:
             status = await self.child.wait()
+            ended_at = time.time()
         finally:
             watch.cancel()
             for k in killers:
@@ -271,7 +322,7 @@ class Supervisor:
             await self.report(p.MsgType.ERROR, {
                 "cause": text, "code": status.code, "signal": status.signal,
                 "cause_code": cause.code, "cause_class": cause.klass,
-                "tail": list(status.tail)[-10:]})
+                "tail": list(status.tail)[-10:], "ended_at": ended_at})
 
     def _classify(self, lines: tuple[str, ...]) -> Cause:
         try:
@@ -293,6 +344,7 @@ class Supervisor:
             if self.progress is not None:
                 for step in self.progress.drain():
                     dog = dog.observe_progress(now, step)
+                    self.steps.observe(time.monotonic(), step)
             if child.last_output is not None:
                 dog = dog.observe_output(child.last_output)
             level = dog.check(now)
@@ -345,11 +397,18 @@ class Supervisor:
         try:
             import nats
 
+            auth = _auth_options(self.cfg)
+            self.session = _creds_session(self.cfg)
+            servers: Any = self.cfg.nats_url
+            if self.session is not None:
+                auth.update(self.session.connect_options())
+                servers = list(self.session.creds.nats_urls) or self.cfg.nats_url
             self.nc = await asyncio.wait_for(nats.connect(
-                self.cfg.nats_url, connect_timeout=min(self.cfg.connect_timeout, 5.0),
+                servers, connect_timeout=min(self.cfg.connect_timeout, 5.0),
                 max_reconnect_attempts=-1, reconnect_time_wait=0.5, ping_interval=2,
                 max_outstanding_pings=3, allow_reconnect=True,
-                error_cb=self._nats_error, disconnected_cb=None), self.cfg.connect_timeout)
+                error_cb=self._nats_error, disconnected_cb=None, **auth),
+                self.cfg.connect_timeout)
         except Exception as exc:  # noqa: BLE001 - any failure to connect means fall back
             return await self.run_independent(f"cannot reach NATS at {self.cfg.nats_url}: {exc}")
         with contextlib.suppress(OSError):
@@ -363,11 +422,15 @@ class Supervisor:
         self.last_order_at = time.monotonic()
         self._classify(())  # load the cause table now, not when a rank has just died
         beat = asyncio.ensure_future(self._beat_loop())
+        renew = (asyncio.ensure_future(self.session.renew_loop(self.nc, _warn))
+                 if self.session is not None else None)
         reaper = asyncio.ensure_future(self._reap_loop()) if os.getpid() == 1 else None
         try:
             code = await self.exit_code
         finally:
             beat.cancel()
+            if renew is not None:
+                renew.cancel()
             if reaper:
                 reaper.cancel()
             if self.activity is not None:

@@ -10,20 +10,13 @@ from __future__ import annotations
 
 from aegis_flow.master.model import ExitCode
 
-OUTCOME_DIR = "/tmp/aegis"
-OUTCOME_FILE = f"{OUTCOME_DIR}/outcome"
-NODE_FILE = f"{OUTCOME_DIR}/node"
-UNKNOWN = "unknown"  # the default when the pod left no file (it was lost, evicted, killed)
-
-# exit code -> outcome word written by the worker pod (any other code: "failed")
-OUTCOME_BY_CODE: dict[int, str] = {
-    0: "succeeded",
-    int(ExitCode.NODE_FAULT): "node-fault",
-    int(ExitCode.CONTAINER_RESTART): "container-restart",
-    int(ExitCode.SLOW_NODE_EVICTED): "slow-node",
-    int(ExitCode.JOB_FAILED): "job-failed",
-    int(ExitCode.STOPPED): "stopped",
-}
+# the outcome files and words are the supervisor's (aegis_flow.outcome); re-exported here
+from aegis_flow.outcome import NODE_FILE as NODE_FILE
+from aegis_flow.outcome import OUTCOME_BY_CODE as OUTCOME_BY_CODE
+from aegis_flow.outcome import OUTCOME_DIR as OUTCOME_DIR
+from aegis_flow.outcome import OUTCOME_FILE as OUTCOME_FILE
+from aegis_flow.outcome import UNKNOWN as UNKNOWN
+from aegis_flow.outcome import outcome_of as outcome_of
 
 # exit codes the worker template's retryStrategy retries as a new pod (DESIGN.md §5)
 POD_RETRY_CODES: tuple[int, ...] = (int(ExitCode.NODE_FAULT), int(ExitCode.CONTAINER_RESTART))
@@ -32,11 +25,6 @@ POD_RETRY_CODES: tuple[int, ...] = (int(ExitCode.NODE_FAULT), int(ExitCode.CONTA
 SUCCEEDED, FAILED, STOPPED, QUARANTINE, RETRY = (
     "succeeded", "failed", "stopped", "quarantine", "retry")
 ESCALATE = (QUARANTINE, RETRY)
-
-
-def outcome_of(code: int) -> str:
-    """The outcome word a worker pod writes for its exit code."""
-    return OUTCOME_BY_CODE.get(code, "failed")
 
 
 def worker_retry_expression() -> str:

@@ -1,0 +1,65 @@
+"""The outcome files a worker pod leaves for the workflow (DESIGN.md §5).
+
+The worker supervisor writes its outcome word to ``<dir>/outcome`` and its node name to
+``<dir>/node`` when it exits; the worker template exposes them as the output parameters
+``outcome`` and ``node``, and the ``verdict`` step's ``when`` guards read what they reduce to.
+
+Standard library only (plus the core's ``ExitCode``): it is part of the supervisor bundle.
+Side effects: only :func:`write_outcome`, which writes the two files atomically (a temporary
+file in the same directory, fsync, ``os.replace``), so Argo never reads half a word.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from aegis_flow.master.model import ExitCode
+
+OUTCOME_DIR = "/tmp/aegis"
+OUTCOME_NAME, NODE_NAME = "outcome", "node"
+OUTCOME_FILE = f"{OUTCOME_DIR}/{OUTCOME_NAME}"
+NODE_FILE = f"{OUTCOME_DIR}/{NODE_NAME}"
+UNKNOWN = "unknown"  # the default when the pod left no file (it was lost, evicted, killed)
+
+# exit code -> outcome word written by the worker pod (any other code: "failed")
+OUTCOME_BY_CODE: dict[int, str] = {
+    0: "succeeded",
+    int(ExitCode.NODE_FAULT): "node-fault",
+    int(ExitCode.CONTAINER_RESTART): "container-restart",
+    int(ExitCode.SLOW_NODE_EVICTED): "slow-node",
+    int(ExitCode.JOB_FAILED): "job-failed",
+    int(ExitCode.STOPPED): "stopped",
+}
+
+
+def outcome_of(code: int) -> str:
+    """The outcome word a worker pod writes for its exit code."""
+    return OUTCOME_BY_CODE.get(code, "failed")
+
+
+def _write_atomic(path: str, text: str) -> None:
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_outcome(directory: str, code: int, node: str) -> str:
+    """Write ``outcome`` and ``node`` into ``directory`` (created if missing); return the word.
+
+    The node file is written first: a reader that sees an outcome also sees its node.
+    """
+    os.makedirs(directory, exist_ok=True)
+    word = outcome_of(code)
+    _write_atomic(os.path.join(directory, NODE_NAME), node)
+    _write_atomic(os.path.join(directory, OUTCOME_NAME), word)
+    return word
