@@ -1,0 +1,173 @@
+"""The credential issuer of one job: who may get a NATS user JWT, for which subjects, until when.
+
+PURE apart from signing (``nkeys``): time is an argument, no I/O. The master's shell
+(``master/creds.py``) feeds it gRPC requests and NATS renewal requests and carries out the
+revocations it returns.
+
+Rules:
+* the bootstrap token is per job and compared in constant time; a wrong one mints nothing;
+* the job and namespace must be this issuer's; the worker is a rank of the job; the public key
+  a valid NATS *user* key (the worker made it; its seed never leaves the worker);
+* a job that ended mints nothing more, whatever the token (a replayed token is refused);
+* a revoked key is never renewed; when a new key is registered for a rank, the rank's older
+  keys are revoked (a replaced worker's predecessor is locked out);
+* a worker may publish only to the master's inbox subject and its own renewal subject, and
+  subscribe only to the broadcast, its own order subject and its own inbox prefix — all under
+  ``aegis.<namespace>.<job>.``: never ``_INBOX.>``, ``$JS.API.>`` or another job's subjects.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+from dataclasses import dataclass, field
+
+import nkeys
+
+from aegis_flow import protocol as p
+from aegis_flow.security import natsjwt as nj
+
+
+class Code(enum.Enum):
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+
+
+class Refused(Exception):
+    """A request the issuer will not serve; ``code`` maps onto a gRPC status."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Request:
+    job: str
+    namespace: str
+    worker: str
+    public_key: str
+    token: str
+
+
+@dataclass(frozen=True)
+class Grant:
+    jwt: str
+    nats_urls: tuple[str, ...]
+    pub: tuple[str, ...]
+    sub: tuple[str, ...]
+    inbox_prefix: str
+    renew_subject: str
+    expires_at: int
+
+
+def renew_subject(subjects: p.Subjects, rank: int) -> str:
+    return f"{subjects.prefix}.creds.{rank}"
+
+
+def inbox_prefix(subjects: p.Subjects, rank: int) -> str:
+    return f"{subjects.prefix}.inbox.{rank}"
+
+
+def worker_permissions(subjects: p.Subjects, rank: int) -> nj.Permissions:
+    return nj.Permissions(
+        pub=(subjects.master, renew_subject(subjects, rank)),
+        sub=(subjects.broadcast, subjects.worker(rank), f"{inbox_prefix(subjects, rank)}.>"),
+        resp=True)
+
+
+def master_permissions(subjects: p.Subjects) -> nj.Permissions:
+    """The master's own user: its job's subjects, JetStream (its KV bucket) and replies."""
+    return nj.Permissions(
+        pub=(f"{subjects.prefix}.>", "$JS.API.>", f"$KV.{subjects.kv_bucket}.>"),
+        sub=(f"{subjects.prefix}.>", "_INBOX.>"))
+
+
+@dataclass
+class Issuer:
+    job: str
+    namespace: str
+    workers: int
+    token: str
+    account: str  # the aegis account's public key
+    signing_key: nkeys.KeyPair  # the account signing key
+    nats_urls: tuple[str, ...]
+    lifetime: float = 3600.0
+    ended: bool = False
+    minted: int = 0
+    keys: dict[int, list[str]] = field(default_factory=dict)  # rank → keys, newest last
+    revoked: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if len(self.token) < 16:
+            raise ValueError("the bootstrap token must be at least 16 characters")
+        self.subjects = p.Subjects(self.namespace, self.job)
+
+    # -- requests -----------------------------------------------------------------------------
+    def sync(self, req: Request, *, now: float) -> tuple[Grant, list[str]]:
+        """Serve SyncWorkerCreds: the grant and the keys to revoke now (the rank's older ones).
+        Raises Refused."""
+        if not hmac.compare_digest(req.token.encode(), self.token.encode()):
+            raise Refused(Code.UNAUTHENTICATED, "wrong bootstrap token")
+        if (req.job, req.namespace) != (self.job, self.namespace):
+            raise Refused(Code.PERMISSION_DENIED,
+                          f"this master serves job {self.namespace}/{self.job}, "
+                          f"not {req.namespace}/{req.job}")
+        if self.ended:
+            raise Refused(Code.FAILED_PRECONDITION,
+                          f"job {self.namespace}/{self.job} has ended: no new credentials")
+        rank = self._rank(req.worker)
+        key = self._user_key(req.public_key)
+        if key in self.revoked:
+            raise Refused(Code.PERMISSION_DENIED, "this key was revoked")
+        known = self.keys.setdefault(rank, [])
+        stale = [k for k in known if k != key and k not in self.revoked]
+        if key not in known:
+            known.append(key)
+        self.revoked.update(stale)
+        return self._grant(rank, key, now), stale
+
+    def renew(self, rank: int, public_key: str, *, now: float) -> Grant:
+        """A fresh JWT for a key this issuer granted before and never revoked."""
+        if self.ended:
+            raise Refused(Code.FAILED_PRECONDITION, "the job has ended")
+        if public_key in self.revoked or public_key not in self.keys.get(rank, []):
+            raise Refused(Code.PERMISSION_DENIED, f"no live credentials for rank {rank} and "
+                          "this key")
+        return self._grant(rank, public_key, now)
+
+    def evict(self, rank: int) -> list[str]:
+        """Revoke every live key of ``rank`` (quarantined or evicted); return them."""
+        live = [k for k in self.keys.get(rank, []) if k not in self.revoked]
+        self.revoked.update(live)
+        return live
+
+    def end(self) -> None:
+        self.ended = True
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _rank(self, worker: str) -> int:
+        if not worker.isdigit() or not 0 <= int(worker) < self.workers:
+            raise Refused(Code.INVALID_ARGUMENT, f"worker {worker!r} is not a rank of this job "
+                          f"(0..{self.workers - 1})")
+        return int(worker)
+
+    @staticmethod
+    def _user_key(key: str) -> str:
+        try:
+            return nj.check_public_key(key, "user")
+        except nj.JwtError as exc:
+            raise Refused(Code.INVALID_ARGUMENT, f"public key: {exc}") from None
+
+    def _grant(self, rank: int, key: str, now: float) -> Grant:
+        perms = worker_permissions(self.subjects, rank)
+        expires = int(now + self.lifetime)
+        claims = nj.user_claims(key, name=f"{self.namespace}.{self.job}.{rank}",
+                                account=self.account, perms=perms, now=now, expires=expires)
+        self.minted += 1
+        return Grant(jwt=nj.encode(claims, self.signing_key), nats_urls=self.nats_urls,
+                     pub=perms.pub, sub=perms.sub, inbox_prefix=inbox_prefix(self.subjects, rank),
+                     renew_subject=renew_subject(self.subjects, rank), expires_at=expires)
