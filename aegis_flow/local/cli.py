@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from aegis_flow import protocol as p
-from aegis_flow.argtypes import non_negative_int
+from aegis_flow.argtypes import non_negative_int, port
 
 SubParsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -52,6 +52,11 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--no-prewarm", dest="prewarm", action="store_false",
                    help="start every run cold instead of forking Python commands from a "
                    "pre-warmed interpreter (slower restarts)")
+    r.add_argument("--metrics-port", type=port, default=0,
+                   help="the master's /metrics, /healthz, /readyz port (default 0: a free "
+                   "one, written to STATE_DIR/JOB/metrics.port)")
+    r.add_argument("--quiet", action="store_true",
+                   help="no live progress line (phase, step rates, restarts) on stderr")
     r.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG ...]")
     r.set_defaults(handler=_run)
 
@@ -70,7 +75,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--state-dir", type=Path, default=Path(".aegis"))
     s.add_argument("--nats-url", help="NATS server (default: the one recorded in --state-dir)")
     s.add_argument("--json", action="store_true", help="print the stored status as JSON")
-    s.set_defaults(handler=_status)
+    s.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
+                   help="redraw every SECONDS (default 2) until the job ends")
+    s.set_defaults(handler=_status_cmd)
 
     t = sub.add_parser("stop", help="stop a job cleanly (every worker quits; T12)")
     t.add_argument("job", type=_job_name)
@@ -118,6 +125,7 @@ def _run(a: argparse.Namespace) -> int:
                     job=a.job, namespace=a.namespace, nats_url=a.nats_url,
                     state_dir=a.state_dir, injections=tuple(a.inject),
                     connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout,
+                    metrics_port=a.metrics_port, progress=not a.quiet,
                     prewarm=a.prewarm)
     return run_job(cfg)
 
@@ -167,6 +175,13 @@ def _status(a: argparse.Namespace) -> int:
     else:
         print(render(raw))
     return 0
+
+
+def _status_cmd(a: argparse.Namespace) -> int:
+    """A running job's status from NATS; an ended one's from STATE_DIR/JOB/status.json."""
+    from aegis_flow.local.observe import status_command
+
+    return status_command(a, _status)
 
 
 def _stop(a: argparse.Namespace) -> int:

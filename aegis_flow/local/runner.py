@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aegis_flow.local.progress import ProgressPrinter
 from aegis_flow.master.machine import ExitCode
 from aegis_flow.supervisor.child import _die_with_parent
 
@@ -45,6 +46,9 @@ class RunConfig:
     extra_master_args: tuple[str, ...] = ()
     extra_worker_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    metrics_port: int = 0  # the master's /metrics port (0 = a free one, in metrics.port)
+    progress: bool = True  # a status line on stderr every few seconds
+    progress_every: float = 5.0
 
 
 def _say(text: str) -> None:
@@ -99,6 +103,8 @@ class LocalJob:
         self.node_gen: dict[int, int] = {}
         self.restarts = 0
         self.url = ""
+        self.progress = ProgressPrinter(self.state_dir / "metrics.port",
+                                        every=cfg.progress_every, enabled=cfg.progress)
 
     def _master_args(self) -> list[str]:
         c = self.cfg
@@ -107,6 +113,9 @@ class LocalJob:
                 "--nats-url", self.url, "--connect-timeout", str(c.connect_timeout),
                 "--lost-timeout", str(c.lost_timeout),
                 "--status-file", str((self.state_dir / "status.json").absolute()),
+                "--metrics-port", str(c.metrics_port), "--metrics-addr", "127.0.0.1",
+                "--port-file", str((self.state_dir / "metrics.port").absolute()),
+                "--log-dir", str((self.state_dir / "logs").absolute()),
                 *c.extra_master_args]
 
     def _worker_args(self, rank: int) -> list[str]:
@@ -134,6 +143,7 @@ class LocalJob:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "work").mkdir(exist_ok=True)
         (self.state_dir / "status.json").unlink(missing_ok=True)
+        (self.state_dir / "metrics.port").unlink(missing_ok=True)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         server = None
         try:
@@ -195,6 +205,7 @@ class LocalJob:
             if master_code is not None and (len(self.worker_codes) == self.cfg.workers
                                             or time.monotonic() > deadline):
                 return self._outcome(master_code)
+            self.progress.poll()
             time.sleep(0.05)
 
     def _restart(self, what: str, code: int) -> None:
@@ -205,6 +216,11 @@ class LocalJob:
         _say(f"{what} ended ({why}); starting it again")
 
     def _outcome(self, master_code: int) -> int:
+        status_file = self.state_dir / "status.json"
+        if status_file.exists():  # the user's summary, last thing before the verdict
+            from aegis_flow.local.status import summary_of
+
+            _say(summary_of(status_file.read_bytes()))
         if master_code in INDEPENDENT_CODES:  # the workers' exit codes decide
             bad = [c for _, c in sorted(self.worker_codes.items()) if c != 0]
             code = bad[0] if bad else 0

@@ -26,3 +26,9 @@ def render(raw: bytes) -> str:
         lines += ["", "last events:"] + [f"  {e}" for e in events[-10:]]
     lines += ["", summary(status)]
     return "\n".join(lines)
+
+
+def summary_of(raw: bytes) -> str:
+    """The user's summary line of a stored status document."""
+    status, _ = decode_doc(raw)
+    return summary(status)

@@ -10,6 +10,8 @@ import asyncio
 import logging
 import sys
 
+from aegis_flow.argtypes import port
+from aegis_flow.master.endpoints import DEFAULT_METRICS_PORT
 from aegis_flow.master.runtime import Master, MasterConfig
 
 
@@ -27,6 +29,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--linger", type=float, default=5.0)
     ap.add_argument("--status-file", default="", help="write the final status here too")
     ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--metrics-port", type=port, default=DEFAULT_METRICS_PORT,
+                    help="serve /metrics, /healthz, /readyz here (0 = a free port; default "
+                    f"{DEFAULT_METRICS_PORT})")
+    ap.add_argument("--metrics-addr", default="0.0.0.0", help="address to serve metrics on")
+    ap.add_argument("--port-file", default="", help="write the metrics port to this file")
+    ap.add_argument("--log-dir", default="", help="write the fault log (JSON lines) here")
+    ap.add_argument("--gpu-type", default="", help="gpu_type label of the metrics (default: "
+                    "what the workers report)")
     a = ap.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="[aegis-flow master] %(message)s")
@@ -34,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
                        max_retry=a.max_retry, flap_limit=a.flap_limit, nats_url=a.nats_url,
                        connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout,
                        replace_timeout=a.replace_timeout, linger=a.linger,
-                       status_file=a.status_file)
+                       status_file=a.status_file, metrics_port=a.metrics_port,
+                       metrics_addr=a.metrics_addr, port_file=a.port_file, log_dir=a.log_dir,
+                       gpu_type=a.gpu_type)
     try:
         return asyncio.run(Master(cfg).run())
     except KeyboardInterrupt:

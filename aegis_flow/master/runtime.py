@@ -16,11 +16,14 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aegis_flow import protocol as p
 from aegis_flow.master import machine as m
 from aegis_flow.master.store import KVStore, Store, StoreConflict, decode_doc, encode_doc
+
+if TYPE_CHECKING:
+    from aegis_flow.master.observer import Observer
 
 log = logging.getLogger("aegis_flow.master")
 
@@ -41,6 +44,13 @@ class MasterConfig:
     rendezvous_addr: str = "127.0.0.1"
     status_file: str = ""  # also write the final status document here (local mode)
     slow_fraction: float = 0.5  # a rank below this share of its peers' median is slow
+    # observability (observer.py, http.py): None = no HTTP endpoint, 0 = a free port
+    metrics_port: int | None = None
+    metrics_addr: str = "0.0.0.0"
+    port_file: str = ""  # write the bound metrics port here
+    log_dir: str = ""  # the fault log's directory ("" = no fault log)
+    gpu_type: str = ""  # the gpu_type label ("" = what the workers report)
+    observe: bool = True  # record metrics and the fault log at all
 
 
 def free_port(addr: str = "127.0.0.1") -> int:
@@ -74,6 +84,14 @@ class Master:
         self.env_reports: dict[int, dict[str, Any]] = {}
         self.bandwidth: dict[int, float] = {}
         self._timing = bool(os.environ.get("AEGIS_TIMING"))
+        self.ready = False  # connected to NATS and the status loaded (/readyz)
+        self.observer: Observer | None = None
+        if cfg.observe:
+            from aegis_flow.master.observer import make_observer
+
+            self.observer = make_observer(job=cfg.job, namespace=cfg.namespace,
+                                          workers=cfg.workers, gpu_type=cfg.gpu_type,
+                                          log_dir=cfg.log_dir)
 
     # -- persistence ------------------------------------------------------------------------
     def _doc(self) -> bytes:
@@ -118,6 +136,8 @@ class Master:
             new, effects = m.step(self.status, event, now=time.time())
             self.status = new
             self.applied.append((type(event).__name__, time.time()))
+            if self.observer is not None:
+                self.observer.transition(before_status, new, event, effects, time.time())
             if self._timing and not isinstance(event, m.Ack) and new is not before_status:
                 log.info("AEGIS_APPLIED %s %s %.6f", type(event).__name__, new.phase.value,
                          self.applied[-1][1])
@@ -257,6 +277,8 @@ class Master:
             return
         else:
             self.last_seen[msg.rank] = time.monotonic()
+        if self.observer is not None:
+            self.observer.message(msg, event, time.time())
         try:
             self._observe(msg, event)
             before = self.status
@@ -296,6 +318,7 @@ class Master:
         4 NATS unreachable."""
         import nats
 
+        http = self._serve_http()
         try:
             self.nc = await asyncio.wait_for(nats.connect(
                 self.cfg.nats_url, ping_interval=2, max_outstanding_pings=3,
@@ -312,6 +335,9 @@ class Master:
             self.started = self.phase_since = time.monotonic()
             await self.nc.subscribe(self.subjects.master, cb=self._cb)
             await self.nc.subscribe(self.subjects.control, cb=self._cb)
+            if self.observer is not None:
+                self.observer.loaded(self.status, resumed=self.revision > 1, now=time.time())
+            self.ready = True
             while True:
                 await self.tick()
                 if self.ended_at is not None and (
@@ -327,6 +353,10 @@ class Master:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.drain(), 2)
         self._note(summary(self.status))
+        if self.observer is not None:
+            self.observer.close(summary(self.status), time.time())
+        if http is not None:
+            http.stop()
         if self.cfg.status_file:
             tmp = self.cfg.status_file + ".tmp"
             with open(tmp, "wb") as fh:
@@ -334,6 +364,24 @@ class Master:
             os.replace(tmp, self.cfg.status_file)
         return {m.Phase.SUCCEED: 0, m.Phase.FAILED: 1, m.Phase.INDEPENDENT: 3}.get(
             self.status.phase, 1)
+
+    def _serve_http(self) -> Any:
+        """Start /metrics, /healthz, /readyz, /progress (http.py) if a port was asked for."""
+        if self.cfg.metrics_port is None or self.observer is None:
+            return None
+        from aegis_flow.master.http import MetricsServer
+
+        obs = self.observer
+        server = MetricsServer(
+            render=obs.render, progress=obs.progress, addr=self.cfg.metrics_addr,
+            port=self.cfg.metrics_port,
+            ready=lambda: self.ready and self.nc is not None and self.nc.is_connected).start()
+        log.info("metrics on %s/metrics", server.url)
+        if self.cfg.port_file:
+            with open(self.cfg.port_file + ".tmp", "w") as fh:
+                fh.write(f"{server.port}\n")
+            os.replace(self.cfg.port_file + ".tmp", self.cfg.port_file)
+        return server
 
     def _all_gone(self) -> bool:
         now = time.monotonic()

@@ -184,7 +184,7 @@ class Supervisor:
                 "node_ip": os.environ.get("AEGIS_NODE_IP", self.cfg.pod_ip),
                 "gpu_type": self.gpu_type, "child_restarts": max(0, self.child_starts - 1),
                 "beat_lag": round(self.beats.lag, 4),
-                "step_rate": self.steps.rate(now) if running else 0.0,
+                "step_rate": self.steps.rate(now) if running else None,
                 "step": self.steps.last}
         await self._publish(self._msg(p.MsgType.ACK, self.seq, data))
         if self.last_report is not None and self.last_report.seq == self.seq:

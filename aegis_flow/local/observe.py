@@ -1,0 +1,143 @@
+"""Subcommands for looking at a job: ``status --watch``, ``logs [--follow]``, ``report``.
+
+Thin: parse, call the library (``master/faultlog.py``, ``report.py``), print. Side effects:
+reads the job's state dir (``status.json``, ``logs/``), writes the picture ``report`` draws,
+prints to stdout/stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def _job_name(text: str) -> str:
+    from aegis_flow import protocol as p
+
+    try:
+        return p.check_name("job", text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_parsers(sub: Any) -> None:
+    g = sub.add_parser("logs", help="print a job's fault log (JSON lines), optionally following it",
+                       description="The fault log: one record per phase start/end, worker "
+                       "report, quarantine, recovery and the job's end, from "
+                       "STATE_DIR/JOB/logs/faults.jsonl (and its rotated files).")
+    g.add_argument("job", nargs="?", default="job", type=_job_name)
+    g.add_argument("--state-dir", type=Path, default=Path(".aegis"))
+    g.add_argument("--log-dir", type=Path, help="read this directory instead")
+    g.add_argument("-f", "--follow", action="store_true",
+                   help="keep printing new records until the job ends (or Ctrl-C)")
+    g.add_argument("--json", action="store_true", help="print the raw JSON lines")
+    g.set_defaults(handler=_logs)
+
+    r = sub.add_parser("report", help="draw a job's timeline picture (phases, faults, recoveries)",
+                       description="Draw each worker's phases over time from the fault log, "
+                       "with faults and recoveries marked, as a PNG (needs matplotlib: "
+                       "pip install 'aegis-flow[report]').")
+    r.add_argument("job", nargs="?", default="job", type=_job_name)
+    r.add_argument("-o", "--output", type=Path, default=Path("timeline.png"),
+                   help="the picture to write (default timeline.png)")
+    r.add_argument("--state-dir", type=Path, default=Path(".aegis"))
+    r.add_argument("--log-dir", type=Path, help="read this directory instead")
+    r.set_defaults(handler=_report)
+
+
+def _log_dir(a: argparse.Namespace) -> Path:
+    return Path(a.log_dir) if a.log_dir else a.state_dir / a.job / "logs"
+
+
+def _logs(a: argparse.Namespace) -> int:
+    from aegis_flow.master.faultlog import FaultLogError, follow, format_record, read_records
+
+    d = _log_dir(a)
+    if not d.is_dir():
+        print(f"aegis-flow logs: no fault log for job {a.job!r} in {d} (was it run with "
+              "--state-dir elsewhere? pass --state-dir or --log-dir)", file=sys.stderr)
+        return 2
+    try:
+        records = follow(d) if a.follow else iter(read_records(d))
+        for rec in records:
+            print(json.dumps(rec, ensure_ascii=False) if a.json else format_record(rec),
+                  flush=a.follow)
+    except FaultLogError as exc:
+        print(f"aegis-flow logs: damaged fault log: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+def _report(a: argparse.Namespace) -> int:
+    from aegis_flow.master.faultlog import FaultLogError, read_records
+
+    d = _log_dir(a)
+    try:
+        records = read_records(d) if d.is_dir() else []
+    except FaultLogError as exc:
+        print(f"aegis-flow report: damaged fault log: {exc}", file=sys.stderr)
+        return 1
+    if not records:
+        print(f"aegis-flow report: no fault log records for job {a.job!r} in {d}",
+              file=sys.stderr)
+        return 2
+    try:
+        from aegis_flow.report import draw_timeline
+    except ImportError as exc:
+        print(f"aegis-flow report: {exc}; install it with pip install 'aegis-flow[report]'",
+              file=sys.stderr)
+        return 2
+    try:
+        draw_timeline(records, a.output, title=f"aegis-flow job {a.job}")
+    except OSError as exc:
+        print(f"aegis-flow report: cannot write {a.output}: {exc}", file=sys.stderr)
+        return 2
+    print(f"timeline written to {a.output}")
+    return 0
+
+
+def status_command(a: argparse.Namespace, live: Callable[[argparse.Namespace], int]) -> int:
+    """``status`` once or ``--watch``: live from NATS while the job runs, else its final file."""
+    final = a.state_dir / a.job / "status.json"
+
+    def once() -> int:
+        if final.exists() and not a.nats_url:  # the master wrote it when the job ended
+            raw = final.read_bytes()
+            if a.json:
+                print(json.dumps(json.loads(raw), indent=2, sort_keys=True))
+            else:
+                from aegis_flow.local.status import render
+
+                print(render(raw) + f"\n(the job has ended; from {final})")
+            return 0
+        rc = live(a)
+        port_file = a.state_dir / a.job / "metrics.port"
+        if rc == 0 and not a.json and port_file.exists():
+            print(f"metrics: http://127.0.0.1:{port_file.read_text().strip()}/metrics")
+        return rc
+
+    if a.watch is None:
+        return once()
+    if a.watch <= 0:
+        print("aegis-flow status: --watch needs a positive number of seconds", file=sys.stderr)
+        return 2
+    try:
+        while True:
+            if sys.stdout.isatty():
+                sys.stdout.write("\x1b[H\x1b[2J")  # redraw in place
+            else:
+                print(f"--- {time.strftime('%H:%M:%S')}")
+            rc = once()
+            sys.stdout.flush()
+            if rc != 0 or final.exists():
+                return rc
+            time.sleep(a.watch)
+    except KeyboardInterrupt:
+        return 0

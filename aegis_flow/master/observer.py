@@ -1,0 +1,391 @@
+"""What the master runtime sees, recorded as Prometheus metrics and fault log lines.
+
+The pure machine knows nothing of this. The runtime calls four hooks: :meth:`Observer.loaded`
+once the status is loaded, :meth:`Observer.message` for every decoded worker message (the
+heartbeat numbers, and the data a report carries), :meth:`Observer.transition` after every
+``step`` with the status before and after and the effects, and :meth:`Observer.close` at the
+end. Side effects: sets metrics in a :class:`~aegis_flow.master.metrics.MasterMetrics`
+registry, appends to a :class:`~aegis_flow.master.faultlog.FaultLog`, writes a final metrics
+snapshot (``metrics.prom``) beside the fault log. The helpers at the top are pure.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aegis_flow import protocol as p
+from aegis_flow.master import model as m
+from aegis_flow.master.faultlog import FaultLog, record
+from aegis_flow.master.metrics import PHASES, MasterMetrics
+
+LEVEL_OF_FAULT = {m.FaultClass.HARDWARE: "L3", m.FaultClass.CONTAINER: "L2",
+                  m.FaultClass.TRANSIENT: "L1", m.FaultClass.SLOW: ""}
+LEVEL_OF_EXIT = {m.ExitCode.NODE_FAULT: "L3", m.ExitCode.CONTAINER_RESTART: "L2"}
+RECOVERY = (m.Phase.TROUBLESHOOTING, m.Phase.RESTARTING)
+CHECKING = {m.Phase.BOOTCHECKING: "bootcheck", m.Phase.TROUBLESHOOTING: "troubleshoot"}
+
+
+def higher(a: str, b: str) -> str:
+    """The higher of two recovery levels ("" < L1 < L2 < L3)."""
+    return max(a, b)
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def check_samples(data: dict[str, Any]) -> list[tuple[str, str, float]]:
+    """(check_type, outcome, seconds) of every check result a Finish carries (pure)."""
+    out = []
+    for r in data.get("results") or []:
+        if not isinstance(r, dict):
+            continue
+        duration = _num(r.get("duration"))
+        if duration is None or duration < 0:
+            continue
+        out.append((str(r.get("check_type", "unknown"))[:40],
+                    str(r.get("status", "unknown"))[:20], duration))
+    return out
+
+
+def failure_cause(event: m.Event, data: dict[str, Any]) -> str:
+    """A short, bounded cause label for a failure event (pure)."""
+    if isinstance(event, m.Error):
+        code = data.get("cause_code")
+        if isinstance(code, str) and code and code != "unknown":
+            return code[:40]
+        sig, status = data.get("signal"), data.get("code")
+        if isinstance(sig, int) and not isinstance(sig, bool):
+            try:
+                return signal.Signals(sig).name.lower()
+            except ValueError:
+                return f"signal{sig}"
+        if isinstance(sig, str) and sig:
+            return sig.lower()[:20]
+        if isinstance(status, int) and not isinstance(status, bool):
+            return f"exit{status}"
+        return "error"
+    if isinstance(event, m.HangWithQuit):
+        return "hang"
+    if isinstance(event, m.Lost):
+        return "lost"
+    if isinstance(event, m.Ack):
+        return "new_incarnation"
+    if isinstance(event, m.Finish) and event.fault is not None:
+        return event.fault.value
+    return type(event).__name__.lower()
+
+
+@dataclass
+class WorkerView:
+    """What the observer remembers of one rank (the shell's own, mutable)."""
+
+    pod: str = ""
+    pod_ip: str = ""
+    node: str = ""
+    node_ip: str = ""
+    gpu_type: str = ""
+    last_beat: float = 0.0
+    phase_since: float = 0.0
+    step_rate: float | None = None
+    step: int | None = None
+    child_restarts: int = 0
+
+
+class Observer:
+    def __init__(self, *, job: str, namespace: str, workers: int, gpu_type: str = "",
+                 metrics: MasterMetrics | None = None, faults: FaultLog | None = None,
+                 master_pod: str = "master", master_ip: str = "", master_node: str = "") -> None:
+        self.job, self.namespace, self.n = job, namespace, workers
+        self.worker_num = str(workers)
+        self.configured_gpu = gpu_type
+        self.metrics, self.faults = metrics, faults
+        self.master = (master_pod, master_ip, master_node)
+        self.views = [WorkerView(pod=f"{job}-worker-{r}") for r in range(workers)]
+        self.status: m.Status | None = None
+        self.phase_since = 0.0
+        self.round_since = 0.0
+        self.recovery: tuple[float, str, str] | None = None  # (since, cause, level)
+        self._gpu_frozen = ""
+        self._msg: p.Message | None = None
+        self._msg_event: m.Event | None = None
+        self._beat_gauges: dict[int, tuple[Any, ...]] = {}
+
+    # -- labels -----------------------------------------------------------------------------
+    @property
+    def gpu_type(self) -> str:
+        """--gpu-type if given, else what most workers report, else "unknown"."""
+        if self.configured_gpu:
+            return self.configured_gpu
+        if self._gpu_frozen:
+            return self._gpu_frozen
+        seen = Counter(v.gpu_type for v in self.views if v.gpu_type)
+        return seen.most_common(1)[0][0] if seen else "unknown"
+
+    def _line(self, kind: str, now: float, phase: str, message: str, *, rank: int | None = None,
+              cause: str = "", level: str = "") -> None:
+        if self.faults is None:
+            return
+        if rank is None:
+            pod, ip, node = self.master
+            node_ip = ip
+        else:
+            v = self.views[rank]
+            pod, ip, node, node_ip = v.pod, v.pod_ip, v.node, v.node_ip
+        self.faults.write(record(kind, now=now, phase=phase, message=message, pod=pod,
+                                 pod_ip=ip, node=node, node_ip=node_ip, cause=cause,
+                                 level=level, rank=rank))
+
+    # -- hooks ------------------------------------------------------------------------------
+    def loaded(self, status: m.Status, *, resumed: bool, now: float) -> None:
+        self.status = status
+        self.phase_since = self.round_since = now
+        how = "resumed" if resumed else "started"
+        self._line("phase_start", now, status.phase.value, f"job {how} in {status.phase.value}")
+        for pod in status.workers:
+            v = self.views[pod.rank]
+            v.phase_since = now
+            v.node, v.pod_ip = pod.node or v.node, pod.pod_ip or v.pod_ip
+            self._line("phase_start", now, pod.phase.value, f"{pod.phase.value} ({how})",
+                       rank=pod.rank)
+        if status.phase is not m.Phase.PENDING:
+            self._gpu_frozen = self.gpu_type
+        self._gauges(None, status)
+
+    def message(self, msg: p.Message, event: m.Event, now: float) -> None:
+        """Before ``step``: remember the message; take the heartbeat's numbers."""
+        self._msg, self._msg_event = msg, event
+        if not isinstance(event, m.Ack) or not 0 <= msg.rank < self.n:
+            return
+        v, d = self.views[msg.rank], msg.data
+        v.pod = msg.pod_name or v.pod
+        v.pod_ip = str(d.get("pod_ip") or v.pod_ip)
+        v.node = str(d.get("node") or v.node)
+        v.node_ip = str(d.get("node_ip") or v.node_ip or v.pod_ip)
+        v.gpu_type = str(d.get("gpu_type") or v.gpu_type)[:60]
+        v.last_beat = now
+        rate, step = _num(d.get("step_rate")), _num(d.get("step"))
+        v.step_rate = rate
+        v.step = int(step) if step is not None else None
+        restarts = _num(d.get("child_restarts"))
+        v.child_restarts = int(restarts) if restarts is not None else v.child_restarts
+        if self.metrics is None:
+            return
+        g = self._beat_gauges.get(msg.rank)
+        if g is None:
+            mt, labels = self.metrics, (self.job, self.namespace, str(msg.rank))
+            g = self._beat_gauges[msg.rank] = (
+                mt.child_restarts.labels(*labels), mt.heartbeat_lag.labels(*labels),
+                mt.heartbeat_delay.labels(*labels), mt.step_rate.labels(*labels),
+                mt.step.labels(*labels), mt.up.labels(*labels))
+        g[0].set(v.child_restarts)
+        lag = _num(d.get("beat_lag"))
+        if lag is not None:
+            g[1].set(lag)
+        g[2].set(max(0.0, now - msg.timestamp))
+        g[3].set(rate or 0.0)
+        if step is not None:
+            g[4].set(step)
+        g[5].set(1)
+
+    def transition(self, before: m.Status, after: m.Status, event: m.Event,
+                   effects: list[m.Effect], now: float) -> None:
+        """After ``step``: reports, phase starts/ends, recoveries, counters and gauges."""
+        msg = self._msg if self._msg_event is event else None
+        self._msg = self._msg_event = None
+        data = msg.data if msg is not None else {}
+        self.status = after
+        ignored = any(isinstance(e, m.Log) and e.ignored is not None for e in effects)
+        if not ignored and not (isinstance(event, m.Ack) and after is before):
+            self._report(before, after, event, data, now)
+        for e in effects:
+            if isinstance(e, m.ExitWorker):
+                level = LEVEL_OF_EXIT.get(e.code, "")
+                if self.metrics is not None and level:
+                    self.metrics.replacements.labels(level).inc()
+                if self.recovery is not None:
+                    self.recovery = (*self.recovery[:2], higher(self.recovery[2], level))
+            elif isinstance(e, m.Quarantine):
+                self._line("quarantine", now, after.phase.value, f"node {e.node} quarantined; "
+                           f"rank {e.rank} is rescheduled elsewhere", rank=e.rank,
+                           cause="hardware", level="L3")
+        if after is before:
+            return
+        for b, a in zip(before.workers, after.workers, strict=True):
+            if b.phase is not a.phase:
+                v = self.views[a.rank]
+                self._line("phase_end", now, b.phase.value, f"{b.phase.value} ended after "
+                           f"{now - v.phase_since:.3f} s", rank=a.rank)
+                self._line("phase_start", now, a.phase.value, f"{a.phase.value}", rank=a.rank)
+                v.phase_since = now
+        if before.phase is not after.phase:
+            self._phase_change(before, after, event, data, now)
+        self._gauges(before, after)
+
+    def close(self, summary: str, now: float) -> None:
+        """The job's end: the summary line, and a final metrics snapshot beside the log."""
+        phase = self.status.phase.value if self.status is not None else ""
+        self._line("summary", now, phase, summary)
+        if self.faults is not None:
+            if self.metrics is not None:
+                tmp = self.faults.directory / "metrics.prom.tmp"
+                tmp.write_bytes(self.metrics.render())
+                os.replace(tmp, self.faults.directory / "metrics.prom")
+            self.faults.close()
+
+    def render(self) -> bytes:
+        return self.metrics.render() if self.metrics is not None else b""
+
+    def progress(self) -> dict[str, Any]:
+        """A snapshot for ``/progress`` (read from the HTTP thread; values only)."""
+        st = self.status
+        if st is None:
+            return {"phase": "Loading", "workers": []}
+        return {
+            "phase": st.phase.value, "recover_count": st.recover_count,
+            "max_retry": st.max_retry, "seq": st.seq, "error_nodes": sorted(st.error_nodes),
+            "workers": [{"rank": pod.rank, "phase": pod.phase.value, "retries": pod.retries,
+                         "node": pod.node, "step_rate": v.step_rate, "step": v.step,
+                         "child_restarts": v.child_restarts}
+                        for pod, v in zip(st.workers, self.views, strict=True)]}
+
+    # -- the parts of transition ------------------------------------------------------------
+    def _report(self, before: m.Status, after: m.Status, event: m.Event, data: dict[str, Any],
+                now: float) -> None:
+        mt, gpu = self.metrics, self.gpu_type
+        if isinstance(event, m.Ack):
+            old = before.workers[event.rank].incarnation
+            if old == event.incarnation:
+                return  # a heartbeat
+            text = ("connected" if old is None else
+                    f"came back as a new incarnation ({old} → {event.incarnation})")
+            self._line("connected", now, before.workers[event.rank].phase.value,
+                       f"{text}; incarnation {event.incarnation}", rank=event.rank,
+                       cause="" if old is None else "new_incarnation")
+            return
+        if isinstance(event, m.Finish | m.Error | m.Hang | m.HangWithQuit | m.Lost):
+            rank = event.rank
+            phase = before.workers[rank].phase
+            level, cause = "", ""
+            if mt is not None and not isinstance(event, m.Lost):
+                mt.reports.labels(type(event).__name__).inc()
+            if isinstance(event, m.Finish):
+                samples = check_samples(data) if phase in CHECKING else []
+                if mt is not None:
+                    rnd = str(before.recover_count)
+                    for check, outcome, seconds in samples:
+                        mt.check_duration.labels(check, gpu, self.worker_num, rnd,
+                                                 outcome).observe(seconds)
+                if event.ok:
+                    text = (f"checks passed ({len(samples)})" if phase in CHECKING
+                            else "command exited 0")
+                else:
+                    cause = failure_cause(event, data)
+                    level = LEVEL_OF_FAULT.get(event.fault, "") if event.fault else ""
+                    text = f"checks failed: {event.detail[:300]}"
+            else:
+                cause = failure_cause(event, data)
+                text, detect = self._detection(event, data, now)
+                if detect is not None and mt is not None:
+                    kind = {"Error": "error", "Lost": "lost"}.get(type(event).__name__, "hang")
+                    mt.time_to_detect.labels(kind, gpu, self.worker_num).observe(detect)
+            self._line("report", now, phase.value, f"{type(event).__name__} (seq "
+                       f"{getattr(event, 'seq', before.seq)}): {text}", rank=rank, cause=cause,
+                       level=level)
+        elif isinstance(event, m.Stop | m.ConnectTimeout):
+            reason = event.reason if isinstance(event, m.Stop) else (
+                "not every worker connected in time: every worker runs on its own")
+            self._line("report", now, before.phase.value, reason,
+                       cause="stopped" if isinstance(event, m.Stop) else "connect_timeout")
+
+    def _detection(self, event: m.Event, data: dict[str, Any],
+                   now: float) -> tuple[str, float | None]:
+        """A report's text and how long the fault took to reach the master (if known)."""
+        if isinstance(event, m.Error):
+            ended = _num(data.get("ended_at"))
+            detect = now - ended if ended is not None and 0 <= now - ended < 3600 else None
+            return event.cause[:300], detect
+        if isinstance(event, m.Lost):
+            seen = self.views[event.rank].last_beat
+            silent = now - seen if seen else None
+            return (f"heartbeats stopped {silent:.1f} s ago" if silent is not None
+                    else "heartbeats stopped"), silent
+        idle = _num(data.get("idle"))
+        what = "no progress" + (f" for {idle:.0f} s" if idle is not None else "")
+        if isinstance(event, m.Hang):
+            return f"{what} (marked, kept running)", None
+        return f"{what}: restart", idle
+
+    def _phase_change(self, before: m.Status, after: m.Status, event: m.Event,
+                      data: dict[str, Any], now: float) -> None:
+        mt, gpu, wn = self.metrics, self.gpu_type, self.worker_num
+        b, a = before.phase, after.phase
+        self._line("phase_end", now, b.value, f"job {b.value} ended after "
+                   f"{now - self.phase_since:.3f} s")
+        self._line("phase_start", now, a.value, f"job {a.value}")
+        self.phase_since = now
+        if b is m.Phase.PENDING:
+            self._gpu_frozen = gpu
+            if mt is not None:
+                mt.jobs_created.labels(gpu, wn).inc()
+        if b in CHECKING and mt is not None:
+            outcome = "pass" if a is m.Phase.RUNCOMMAND else "fail"
+            mt.check_round.labels(CHECKING[b], gpu, wn, outcome).observe(now - self.round_since)
+        if a in CHECKING:
+            self.round_since = now
+        if b is m.Phase.RUNCOMMAND and a in RECOVERY:
+            level = "L1" if isinstance(event, m.Error | m.HangWithQuit) else "L2"
+            self.recovery = (now, failure_cause(event, data), level)
+        if a is m.Phase.RUNCOMMAND and self.recovery is not None:
+            since, cause, level = self.recovery
+            self.recovery = None
+            if mt is not None:
+                mt.time_to_recover.labels(level, gpu, wn).observe(now - since)
+                mt.restarts.labels(cause, level).inc()
+            self._line("recovered", now, a.value, f"running again {now - since:.3f} s after "
+                       f"the failure (recoverCount {after.recover_count})", cause=cause,
+                       level=level)
+        if a.terminal:
+            self.recovery = None
+            if mt is not None:
+                {m.Phase.SUCCEED: mt.jobs_succeeded, m.Phase.FAILED: mt.jobs_failed,
+                 m.Phase.INDEPENDENT: mt.jobs_independent}[a].labels(gpu, wn).inc()
+
+    def _gauges(self, before: m.Status | None, after: m.Status) -> None:
+        mt = self.metrics
+        if mt is None:
+            return
+        job = (self.job, self.namespace)
+        if before is None or before.phase is not after.phase:
+            for ph in PHASES:
+                mt.phase.labels(*job, ph).set(1 if ph == after.phase.value else 0)
+        if before is None or before.recover_count != after.recover_count:
+            mt.recover_count.labels(*job).set(after.recover_count)
+            mt.max_retry.labels(*job).set(after.max_retry)
+        if before is None or before.error_nodes != after.error_nodes:
+            mt.quarantined.labels(*job).set(len(after.error_nodes))
+        if before is None or before.retries != after.retries:
+            for pod in after.workers:
+                mt.retries.labels(*job, str(pod.rank)).set(pod.retries)
+        if after.phase.terminal:
+            for rank in range(self.n):
+                mt.up.labels(*job, str(rank)).set(0)
+
+
+def make_observer(*, job: str, namespace: str, workers: int, gpu_type: str = "",
+                  log_dir: str = "", metrics: bool = True) -> Observer:
+    """The observer a master runs with: metrics always, a fault log when ``log_dir`` is set."""
+    return Observer(
+        job=job, namespace=namespace, workers=workers, gpu_type=gpu_type,
+        metrics=MasterMetrics() if metrics else None,
+        faults=FaultLog(Path(log_dir)) if log_dir else None,
+        master_pod=os.environ.get("AEGIS_POD_NAME", "master"),
+        master_ip=os.environ.get("AEGIS_POD_IP", ""),
+        master_node=os.environ.get("AEGIS_NODE_NAME", ""))
