@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)"
-	$(BIN)/pip install -q -e ".[dev,torch,k8s]" "$(TORCH_PIN)"
+	$(BIN)/pip install -q -e ".[dev,torch,k8s,report]" "$(TORCH_PIN)"
 	touch $(STAMP)
 
 demo: $(STAMP)
