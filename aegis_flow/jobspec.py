@@ -75,8 +75,31 @@ class JobSpec(BaseModel):
     ttl_seconds_after_completion: int = 24 * 3600
     pod_retry_limit: int = 3
     master_retry_limit: int = 5
+    # zero intrusion: an init container copies the supervisor bundle into the pod and the
+    # worker runs it with the image's own Python; False: the image has aegis-flow installed
+    inject_supervisor: bool = True
+    python: str = "python3"
+    metrics_port: int = 9464  # the master's /metrics, /healthz, /readyz
+    grpc_port: int = 50051  # the master's SyncWorkerCreds
+    bootstrap_secret: str = "aegis-bootstrap"  # Secret, key "token": the job's bootstrap token
+    auth_secret: str = "aegis-auth"  # Secret: the master's NATS auth dir (nats.conf, seeds)
 
-    @field_validator("name", "namespace", "service_account")
+    @field_validator("metrics_port", "grpc_port")
+    @classmethod
+    def _port(cls, v: int) -> int:
+        if not 1 <= v <= 65535:
+            raise ValueError(f"port ({v}) must be between 1 and 65535")
+        return v
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str) -> str:
+        if not v or any(c.isspace() for c in v):
+            raise ValueError(f"python {v!r} must be one interpreter name or path, e.g. "
+                             "'python3' or '/opt/conda/bin/python'")
+        return v
+
+    @field_validator("name", "namespace", "service_account", "bootstrap_secret", "auth_secret")
     @classmethod
     def _dns_label(cls, v: str) -> str:
         if not _DNS_LABEL.match(v) or len(v) > 52:

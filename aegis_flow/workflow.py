@@ -29,7 +29,7 @@ from aegis_flow.templates.checks import (
     check_template,
     troubleshoot_template,
 )
-from aegis_flow.templates.master import master_template, worker_nats_url
+from aegis_flow.templates.master import master_addr, master_template, worker_nats_url
 from aegis_flow.templates.recovery import (
     give_up_guard,
     give_up_template,
@@ -53,7 +53,8 @@ def attempt_template(spec: JobSpec) -> Steps:
     quarantine_when = f"'{VERDICT_PARAM}' == '{contract.QUARANTINE}'"
     return Steps(
         name=c.ATTEMPT,
-        inputs=c.params("attempt", "nats-url", excluded_nodes="[]", pod_spec_patch="{}"),
+        inputs=c.params("attempt", "nats-url", "master-addr", excluded_nodes="[]",
+                        pod_spec_patch="{}"),
         sub_steps=[
             Step(name="bootcheck", template=c.BOOTCHECK, with_sequence=_ranks(spec),
                  arguments=[Parameter(name="rank", value="{{item}}"),
@@ -62,6 +63,7 @@ def attempt_template(spec: JobSpec) -> Steps:
                  continue_on=m.ContinueOn(failed=True, error=True),
                  arguments=[Parameter(name="rank", value="{{item}}"),
                             Parameter(name="nats-url", value=c.inp("nats-url")),
+                            Parameter(name="master-addr", value=c.inp("master-addr")),
                             Parameter(name="pod-spec-patch", value=c.inp("pod-spec-patch"))]),
             Step(name="verdict", template=c.VERDICT,
                  arguments=[Parameter(name="runs", value="{{steps.run.outputs.parameters}}"),
@@ -88,6 +90,7 @@ def main_template(spec: JobSpec) -> Steps:
         Step(name="attempt", template=c.ATTEMPT, arguments=[
             Parameter(name="attempt", value="0"),
             Parameter(name="nats-url", value=worker_nats_url(spec)),
+            Parameter(name="master-addr", value=master_addr(spec)),
             Parameter(name="excluded-nodes", value="[]"),
             Parameter(name="pod-spec-patch", value="{}")]),
     ])

@@ -193,3 +193,15 @@ def test_without_a_native_set_an_nkey_is_refused_clearly(
     assert out.returncode == 0, out.stderr
     assert "need nkeys and PyNaCl" in out.stderr and "Traceback" not in out.stderr
     assert (tmp_path / "o" / "outcome").read_text() == "succeeded"
+
+
+def test_check_pods_run_the_checks_from_the_bundle(clean_python: str, bundle: Path,
+                                                   tmp_path: Path) -> None:
+    out = subprocess.run(
+        [clean_python, "-I", str(bundle), "check", "env,runtime", "--json",
+         "--out", str(tmp_path / "r.json"), "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+        env={"PATH": os.environ["PATH"], "AEGIS_BUNDLE_CACHE": str(tmp_path / "c")})
+    assert out.returncode == 0, out.stdout + out.stderr
+    results = json.loads((tmp_path / "r.json").read_text())
+    assert {r["check_type"] for r in results} == {"env", "runtime"}

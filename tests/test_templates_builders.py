@@ -30,11 +30,61 @@ def built(t: Any) -> dict[str, Any]:
 def test_worker_runs_the_user_command_under_the_supervisor() -> None:
     w = built(worker_template(SPEC))
     cmd = w["container"]["command"]
-    assert cmd[:2] == ["aegis-flow", "worker"]
+    assert cmd[:2] == ["python3", "/aegis/aegis-supervisor.pyz"]  # the injected bundle
+    assert cmd[cmd.index("--creds") + 1] == "/aegis/creds"
     assert cmd[cmd.index("--") + 1:] == ["python", "train.py", "--lr", "3"]
     assert cmd[cmd.index("--rank") + 1] == "{{inputs.parameters.rank}}"
     assert cmd[cmd.index("--world-size") + 1] == "4"
     assert w["container"]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+
+
+def test_worker_pods_get_the_bundle_and_credentials_from_init_containers() -> None:
+    w = built(worker_template(SPEC))
+    init = {c["name"]: c for c in w["initContainers"]}
+    assert list(init) == ["aegis-bundle", "aegis-worker-init"]
+    assert init["aegis-bundle"]["command"] == ["cp", "/opt/aegis/aegis-supervisor.pyz",
+                                               "/aegis/aegis-supervisor.pyz"]
+    assert init["aegis-bundle"]["image"] == SPEC.aegis_image
+    args = init["aegis-worker-init"]["args"]
+    assert init["aegis-worker-init"]["command"] == ["aegis-flow", "worker-init"]
+    flags = dict(zip(args[::2], args[1::2], strict=True))
+    assert flags == {"--master": "{{inputs.parameters.master-addr}}",
+                     "--job": "{{workflow.name}}", "--namespace": "default",
+                     "--worker": "{{inputs.parameters.rank}}",
+                     "--token-file": "/var/run/aegis/bootstrap/token", "--out": "/aegis/creds"}
+    vols = {v["name"]: v for v in w["volumes"]}
+    assert vols["aegis"] == {"name": "aegis", "emptyDir": {}}
+    assert vols["bootstrap-token"]["secret"]["secretName"] == "aegis-bootstrap"
+    assert {"name": "aegis", "mountPath": "/aegis"} in w["container"]["volumeMounts"]
+
+
+def test_an_image_with_aegis_flow_needs_no_bundle() -> None:
+    spec = SPEC.model_copy(update={"inject_supervisor": False})
+    w = built(worker_template(spec))
+    assert w["container"]["command"][:2] == ["aegis-flow", "worker"]
+    assert [c["name"] for c in w["initContainers"]] == ["aegis-worker-init"]
+    assert built(bootcheck_template(spec))["container"]["command"] == ["aegis-flow"]
+
+
+def test_check_pods_run_the_checks_from_the_bundle() -> None:
+    b = built(bootcheck_template(SPEC))
+    assert b["container"]["command"] == ["python3", "/aegis/aegis-supervisor.pyz"]
+    assert b["container"]["args"][0] == "check"
+    assert [c["name"] for c in b["initContainers"]] == ["aegis-bundle"]
+
+
+def test_master_probes_readyz_on_the_metrics_port_it_is_told_to_serve() -> None:
+    spec = SPEC.model_copy(update={"metrics_port": 9999})
+    mt = built(master_template(spec))
+    probe = mt["container"]["readinessProbe"]["httpGet"]
+    assert probe == {"path": "/readyz", "port": 9999}
+    args = mt["container"]["args"]
+    assert args[args.index("--metrics-port") + 1] == "9999"
+    assert {"containerPort": 9999, "name": "http"} in mt["container"]["ports"]
+    assert args[args.index("--grpc-listen") + 1] == f"0.0.0.0:{spec.grpc_port}"
+    env = {e["name"]: e for e in mt["container"]["env"]}
+    assert env["AEGIS_BOOTSTRAP_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "aegis-bootstrap", "key": "token"}
 
 
 def test_worker_retry_moves_only_this_pod_and_never_to_a_quarantined_node() -> None:
@@ -60,7 +110,7 @@ def test_worker_writes_its_outcome_as_an_output_parameter() -> None:
 def test_master_is_a_daemon_with_readiness_and_retries() -> None:
     m = built(master_template(SPEC))
     assert m["daemon"] is True
-    assert m["container"]["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8080}
+    assert m["container"]["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 9464}
     assert "--max-retry" in m["container"]["args"]
     assert "{{workflow.parameters.max-retry}}" in m["container"]["args"]
     assert m["retryStrategy"]["expression"] == contract.master_retry_expression()
@@ -76,7 +126,8 @@ def test_external_nats_has_no_sidecar() -> None:
 
 def test_bootcheck_and_troubleshoot_call_aegis_flow_check() -> None:
     b, t = built(bootcheck_template(SPEC)), built(troubleshoot_template(SPEC))
-    assert b["container"]["command"] == ["aegis-flow"]
+    assert b["container"]["command"] == t["container"]["command"] == [
+        "python3", "/aegis/aegis-supervisor.pyz"]  # aegis-flow check, from the bundle
     assert b["container"]["args"][:2] == ["check", "env,io,gpu,runtime,rdma"]
     assert "--expect-gpus" in b["container"]["args"]
     assert t["nodeSelector"] == {"kubernetes.io/hostname": "{{inputs.parameters.node}}"}

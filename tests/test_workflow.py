@@ -41,6 +41,7 @@ def test_master_daemon_at_the_top_then_the_attempt(wf: dict[str, Any]) -> None:
     assert t["master"]["daemon"] is True
     args = {p["name"]: p["value"] for p in main[1][0]["arguments"]["parameters"]}
     assert args == {"attempt": "0", "nats-url": "nats://{{steps.master.ip}}:4222",
+                    "master-addr": "{{steps.master.ip}}:50051",
                     "excluded-nodes": "[]", "pod-spec-patch": "{}"}
 
 

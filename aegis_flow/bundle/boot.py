@@ -6,7 +6,8 @@ first start it extracts the archive's ``payload/``, ``deps/`` and the one matchi
 — into a temporary directory renamed into place, so concurrent starts never see half a tree —
 then puts them on ``sys.path``, appends ``payload/`` (our ``aegis_flow`` only, never nats or
 native code) to ``PYTHONPATH`` for the processes the supervisor starts, and runs the
-supervisor. ``--bundle-info`` prints what this interpreter can use, as JSON, and exits.
+supervisor (``check …`` runs ``aegis-flow check …`` instead). ``--bundle-info`` prints
+what this interpreter can use, as JSON, and exits.
 """
 
 from __future__ import annotations
@@ -142,12 +143,16 @@ def info(manifest: dict[str, Any], root: str, native: str | None) -> dict[str, A
 
 
 def main(argv: list[str]) -> int:
-    if sys.version_info < (3, 10):
+    if sys.version_info < (3, 10):  # noqa: UP036 - the user's Python may be anything
         raise SystemExit(f"{PROG}: needs CPython >= 3.10, this is {platform.python_version()}")
     manifest, root, native = setup()
     if argv[:1] == ["--bundle-info"]:
         print(json.dumps(info(manifest, root, native), indent=1))
         return 0
+    if argv[:1] == ["check"]:  # the check pods of a workflow run the checks from the bundle
+        from aegis_flow.steps.cli import main as check_main
+
+        return check_main(argv)
     from aegis_flow.supervisor.__main__ import main as supervisor_main
 
     return supervisor_main(argv, prog=PROG)

@@ -12,6 +12,7 @@ from hera.workflows import models as m
 
 from aegis_flow.jobspec import JobSpec
 from aegis_flow.templates import common as c
+from aegis_flow.templates import inject
 
 # the checks callable one by one through templateRef (aegis-flow check NAME)
 SINGLE_CHECKS = ("env", "io", "gpu", "runtime", "rdma", "all")
@@ -22,6 +23,16 @@ def _check_args(which: str, expect_gpus: int) -> list[str]:
     if expect_gpus:
         args += ["--expect-gpus", str(expect_gpus)]
     return args
+
+
+def _in_user_image(spec: JobSpec) -> dict[str, object]:
+    """Command and pod pieces to run ``aegis-flow check`` in the user's image: from the
+    injected bundle (only Python needed), or the image's own aegis-flow."""
+    if not spec.inject_supervisor:
+        return {"command": ["aegis-flow"]}
+    return {"command": [spec.python, inject.BUNDLE],
+            "init_containers": [inject.copy_bundle(spec)],
+            "volumes": [inject.shared_volume()], "volume_mounts": [inject.shared_mount()]}
 
 
 def _result() -> list[Parameter]:
@@ -37,7 +48,7 @@ def bootcheck_template(spec: JobSpec) -> Container:
     return Container(
         name=c.BOOTCHECK,
         image=spec.image,
-        command=["aegis-flow"],
+        **_in_user_image(spec),  # type: ignore[arg-type]
         args=_check_args(c.BOOTCHECK_CHECKS, spec.gpus_per_worker),
         inputs=c.params("rank", pod_spec_patch="{}"),
         outputs=_result(),
@@ -60,7 +71,7 @@ def troubleshoot_template(spec: JobSpec) -> Container:
     return Container(
         name=c.TROUBLESHOOT,
         image=spec.image,
-        command=["aegis-flow"],
+        **_in_user_image(spec),  # type: ignore[arg-type]
         args=_check_args(c.TROUBLESHOOT_CHECKS, spec.gpus_per_worker),
         inputs=c.params("node"),
         outputs=_result(),

@@ -13,7 +13,7 @@ from aegis_flow.templates.contract import OUTCOME_DIR
 
 QUARANTINE_LABEL = "aegis.io/quarantined"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-MASTER_PORT_READY = 8080  # the master's /readyz (and /metrics) HTTP port
+METRICS_PORT_NAME = "http"  # the master's /metrics, /healthz, /readyz (JobSpec.metrics_port)
 NATS_PORT = 4222
 
 # template names: the Argo UI shows these

@@ -11,6 +11,7 @@ from hera.workflows import models as m
 
 from aegis_flow.jobspec import JobSpec
 from aegis_flow.templates import common as c
+from aegis_flow.templates import inject
 from aegis_flow.templates.contract import master_retry_expression
 
 
@@ -24,27 +25,46 @@ def worker_nats_url(spec: JobSpec) -> str:
             else spec.nats_url)
 
 
+def master_addr(spec: JobSpec) -> str:
+    """``HOST:PORT`` of the master's SyncWorkerCreds, for worker-init."""
+    return f"{{{{steps.{c.MASTER}.ip}}}}:{spec.grpc_port}"
+
+
+def master_args(spec: JobSpec) -> list[str]:
+    return ["--job", "{{workflow.name}}", "--namespace", spec.namespace,
+            "--workers", str(spec.workers), "--max-retry", c.wf_param("max-retry"),
+            "--nats-url", master_nats_url(spec),
+            "--metrics-port", str(spec.metrics_port),
+            "--auth-dir", inject.AUTH_DIR, "--token-env", "AEGIS_BOOTSTRAP_TOKEN",
+            "--grpc-listen", f"0.0.0.0:{spec.grpc_port}"]
+
+
 def master_template(spec: JobSpec) -> Container:
-    """The master daemon: readiness on /readyz; recreated unless it ended the job on purpose."""
+    """The master daemon: readiness on /readyz (the metrics port, named ``http``); serves
+    SyncWorkerCreds on the gRPC port; recreated unless it ended the job on purpose."""
     sidecars = None
-    if spec.embedded_nats:
+    if spec.embedded_nats:  # operator mode: the nats.conf from the auth Secret
         sidecars = [UserContainer(
             name="nats", image=spec.aegis_image,
-            command=["nats-server", "-a", "0.0.0.0", "-p", str(c.NATS_PORT), "-js",
-                     "-sd", "/tmp/nats"],
-            ports=[m.ContainerPort(container_port=c.NATS_PORT, name="nats")])]
+            command=["nats-server", "-c", f"{inject.AUTH_DIR}/nats.conf", "-a", "0.0.0.0",
+                     "-p", str(c.NATS_PORT), "-js", "-sd", "/tmp/nats"],
+            ports=[m.ContainerPort(container_port=c.NATS_PORT, name="nats")],
+            volume_mounts=[inject.auth_mount()])]
     return Container(
         name=c.MASTER,
         image=spec.aegis_image,
         command=["python", "-m", "aegis_flow.master"],
-        args=["--job", "{{workflow.name}}", "--namespace", spec.namespace,
-              "--workers", str(spec.workers), "--max-retry", c.wf_param("max-retry"),
-              "--nats-url", master_nats_url(spec)],
+        args=master_args(spec),
         daemon=True,
         readiness_probe=m.Probe(
-            http_get=m.HTTPGetAction(path="/readyz", port=c.MASTER_PORT_READY),
+            http_get=m.HTTPGetAction(path="/readyz", port=spec.metrics_port),
             initial_delay_seconds=2, period_seconds=5, failure_threshold=3),
-        ports=[m.ContainerPort(container_port=c.MASTER_PORT_READY, name="http")],
+        ports=[m.ContainerPort(container_port=spec.metrics_port, name=c.METRICS_PORT_NAME),
+               m.ContainerPort(container_port=spec.grpc_port, name="grpc")],
+        env=[inject.bootstrap_token_env(spec)],
+        init_containers=[inject.copy_auth(spec)],
+        volumes=inject.auth_volumes(spec),
+        volume_mounts=[inject.auth_mount()],
         retry_strategy=RetryStrategy(
             limit=str(spec.master_retry_limit), retry_policy="Always",
             expression=master_retry_expression(),

@@ -45,6 +45,7 @@ def resume_step() -> Step:
             Parameter(name="pod-spec-patch",
                       value="{{steps.verdict.outputs.parameters.pod-spec-patch}}"),
             Parameter(name="nats-url", value=c.inp("nats-url")),
+            Parameter(name="master-addr", value=c.inp("master-addr")),
         ])
 
 

@@ -15,14 +15,19 @@ from hera.workflows import models as m
 
 from aegis_flow.jobspec import JobSpec
 from aegis_flow.templates import common as c
-from aegis_flow.templates import contract
+from aegis_flow.templates import contract, inject
+
+
+def supervisor_argv(spec: JobSpec) -> list[str]:
+    """The injected bundle run by the image's Python, or the image's own ``aegis-flow``."""
+    return [spec.python, inject.BUNDLE] if spec.inject_supervisor else [*spec.supervisor]
 
 
 def worker_command(spec: JobSpec, *, rank: str, nats_url: str) -> list[str]:
-    """``<supervisor> --job … --rank R --world-size N --nats-url URL -- <user command>``."""
-    return [*spec.supervisor, "--job", "{{workflow.name}}", "--namespace", spec.namespace,
-            "--rank", rank, "--world-size", str(spec.workers), "--nats-url", nats_url,
-            "--", *spec.command]
+    """``<supervisor> --job … --rank R --world-size N --nats-url URL --creds F -- <cmd>``."""
+    return [*supervisor_argv(spec), "--job", "{{workflow.name}}", "--namespace",
+            spec.namespace, "--rank", rank, "--world-size", str(spec.workers),
+            "--nats-url", nats_url, "--creds", inject.CREDS, "--", *spec.command]
 
 
 def worker_template(spec: JobSpec) -> Container:
@@ -32,7 +37,12 @@ def worker_template(spec: JobSpec) -> Container:
         name=c.WORKER,
         image=spec.image,
         command=worker_command(spec, rank=c.inp("rank"), nats_url=c.inp("nats-url")),
-        inputs=c.params("rank", "nats-url", pod_spec_patch="{}"),
+        inputs=c.params("rank", "nats-url", "master-addr", pod_spec_patch="{}"),
+        init_containers=[
+            *([inject.copy_bundle(spec)] if spec.inject_supervisor else []),
+            inject.worker_init(spec, master_addr=c.inp("master-addr"), rank=c.inp("rank"))],
+        volumes=[inject.shared_volume(), inject.token_volume(spec)],
+        volume_mounts=[inject.shared_mount()],
         outputs=[
             Parameter(name="outcome", value_from=m.ValueFrom(
                 path=contract.OUTCOME_FILE, default=contract.UNKNOWN)),

@@ -1,0 +1,93 @@
+"""Zero intrusion (DESIGN.md §5): what the aegis-flow image puts into the user's pods.
+
+Worker pods get two init containers from the aegis-flow image — ``aegis-bundle`` copies the
+self-contained supervisor (``aegis-flow bundle``) into a shared ``emptyDir``, and
+``aegis-worker-init`` runs the one-time credential step (``aegis-flow worker-init``) with the
+job's bootstrap token from a Kubernetes Secret, writing the NATS creds file into the same
+``emptyDir``. The worker container then runs ``python3 /aegis/aegis-supervisor.pyz … -- CMD``
+with the image's own Python. Check pods get only the bundle (``bundle.pyz check …``).
+
+The master pod copies its auth Secret (the NATS operator-mode ``nats.conf`` and seeds) into an
+``emptyDir``, because the master rewrites revocations there and Secret volumes are read-only.
+
+PURE: returns Hera/Argo model objects; nothing is submitted.
+"""
+
+from __future__ import annotations
+
+from hera.workflows import SecretEnv, UserContainer
+from hera.workflows import models as m
+
+from aegis_flow.jobspec import JobSpec
+
+SHARED_VOLUME = "aegis"
+SHARED_DIR = "/aegis"
+BUNDLE_IN_IMAGE = "/opt/aegis/aegis-supervisor.pyz"  # where the aegis-flow image keeps it
+BUNDLE = f"{SHARED_DIR}/aegis-supervisor.pyz"
+CREDS = f"{SHARED_DIR}/creds"
+TOKEN_VOLUME, TOKEN_DIR, TOKEN_KEY = "bootstrap-token", "/var/run/aegis/bootstrap", "token"
+AUTH_SECRET_VOLUME, AUTH_SECRET_DIR = "auth-secret", "/var/run/aegis/auth-secret"
+AUTH_VOLUME, AUTH_DIR = "auth", "/var/run/aegis/auth"
+
+
+def shared_volume() -> m.Volume:
+    return m.Volume(name=SHARED_VOLUME, empty_dir=m.EmptyDirVolumeSource())
+
+
+def shared_mount() -> m.VolumeMount:
+    return m.VolumeMount(name=SHARED_VOLUME, mount_path=SHARED_DIR)
+
+
+def copy_bundle(spec: JobSpec) -> UserContainer:
+    """Init container: the supervisor bundle from the aegis-flow image into the emptyDir."""
+    return UserContainer(
+        name="aegis-bundle", image=spec.aegis_image, command=["cp", BUNDLE_IN_IMAGE, BUNDLE],
+        volume_mounts=[shared_mount()],
+        resources=m.ResourceRequirements(requests={"cpu": "50m", "memory": "32Mi"}))  # type: ignore[dict-item]
+
+
+def worker_init(spec: JobSpec, *, master_addr: str, rank: str) -> UserContainer:
+    """Init container: ``aegis-flow worker-init`` — the job's bootstrap token (Secret) buys
+    this worker's NATS credentials from the master's SyncWorkerCreds, once."""
+    return UserContainer(
+        name="aegis-worker-init", image=spec.aegis_image,
+        command=["aegis-flow", "worker-init"],
+        args=["--master", master_addr, "--job", "{{workflow.name}}",
+              "--namespace", spec.namespace, "--worker", rank,
+              "--token-file", f"{TOKEN_DIR}/{TOKEN_KEY}", "--out", CREDS],
+        volume_mounts=[shared_mount(),
+                       m.VolumeMount(name=TOKEN_VOLUME, mount_path=TOKEN_DIR, read_only=True)],
+        resources=m.ResourceRequirements(requests={"cpu": "100m", "memory": "128Mi"}))  # type: ignore[dict-item]
+
+
+def token_volume(spec: JobSpec) -> m.Volume:
+    return m.Volume(name=TOKEN_VOLUME, secret=m.SecretVolumeSource(
+        secret_name=spec.bootstrap_secret, default_mode=0o400,
+        items=[m.KeyToPath(key=TOKEN_KEY, path=TOKEN_KEY)]))
+
+
+def bootstrap_token_env(spec: JobSpec) -> SecretEnv:
+    """The master reads the same token from the environment (``--token-env``)."""
+    return SecretEnv(name="AEGIS_BOOTSTRAP_TOKEN", secret_name=spec.bootstrap_secret,
+                     secret_key=TOKEN_KEY)
+
+
+def auth_volumes(spec: JobSpec) -> list[m.Volume]:
+    return [m.Volume(name=AUTH_SECRET_VOLUME, secret=m.SecretVolumeSource(
+                secret_name=spec.auth_secret, default_mode=0o400)),
+            m.Volume(name=AUTH_VOLUME, empty_dir=m.EmptyDirVolumeSource())]
+
+
+def auth_mount() -> m.VolumeMount:
+    return m.VolumeMount(name=AUTH_VOLUME, mount_path=AUTH_DIR)
+
+
+def copy_auth(spec: JobSpec) -> UserContainer:
+    """Master init container: the auth Secret into a writable emptyDir (follows the Secret
+    volume's symlinks)."""
+    return UserContainer(
+        name="aegis-auth", image=spec.aegis_image,
+        command=["cp", "-rL", f"{AUTH_SECRET_DIR}/.", f"{AUTH_DIR}/"],
+        volume_mounts=[m.VolumeMount(name=AUTH_SECRET_VOLUME, mount_path=AUTH_SECRET_DIR,
+                                     read_only=True), auth_mount()],
+        resources=m.ResourceRequirements(requests={"cpu": "50m", "memory": "32Mi"}))  # type: ignore[dict-item]
