@@ -14,15 +14,15 @@ PROTO = ROOT / "proto" / "aegis.proto"
 HERE = Path(__file__).resolve().parent
 
 
-def generate(out: Path) -> list[Path]:
+def generate(out: Path, proto: Path = PROTO) -> list[Path]:
     """Run protoc; the package path ``aegis_flow/rpc`` is mapped onto ``proto/`` so the
     generated gRPC module imports ``aegis_flow.rpc.aegis_pb2``."""
     from grpc_tools import protoc
 
     tmp = out / "_gen"
     tmp.mkdir(parents=True, exist_ok=True)
-    args = ["grpc_tools.protoc", f"-Iaegis_flow/rpc={PROTO.parent}", f"--python_out={tmp}",
-            f"--pyi_out={tmp}", f"--grpc_python_out={tmp}", "aegis_flow/rpc/aegis.proto"]
+    args = ["grpc_tools.protoc", f"-Iaegis_flow/rpc={proto.parent}", f"--python_out={tmp}",
+            f"--pyi_out={tmp}", f"--grpc_python_out={tmp}", f"aegis_flow/rpc/{proto.name}"]
     if protoc.main(args) != 0:
         raise RuntimeError(f"protoc failed: {' '.join(args)}")
     written = []

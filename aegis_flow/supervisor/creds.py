@@ -200,6 +200,7 @@ class Session:
                 continue
             try:
                 await self.renew(nc)
+                warn(f"credentials renewed (expire in {self.creds.expires_at - self.clock():.0f} s)")
             except Exception as exc:  # noqa: BLE001 - keep trying until the JWT expires
                 left = self.creds.expires_at - self.clock()
                 warn(f"credential renewal failed ({exc!r}); {left:.0f} s left on the JWT")

@@ -1,0 +1,431 @@
+"""Credentials against a real nats-server in operator mode and a real gRPC server.
+
+One nats-server (memory resolver, JetStream) serves the module; every test gets its own job
+names, so tests never see each other. Permission violations arrive asynchronously in nats-py's
+``error_cb`` (they do not raise from ``subscribe``/``publish``), so the tests listen there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from aegis_flow import protocol as p
+from aegis_flow.local.natsserver import EmbeddedNats
+from aegis_flow.master.creds import CredsService, SecurityConfig
+from aegis_flow.security import natsjwt as nj
+from aegis_flow.security import operator
+from aegis_flow.security.worker_init import InitConfig, InitError, fetch
+from aegis_flow.supervisor import creds as cf
+
+TOKEN = "bootstrap-token-for-tests-0123456789"
+
+
+@dataclass
+class Server:
+    url: str
+    auth: operator.AuthDir
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("secure-nats")
+    auth = operator.bootstrap(root / "auth")
+    with EmbeddedNats(root / "store", config_file=auth.write_server_config()) as srv:
+        yield Server(srv.url, auth)
+
+
+@dataclass
+class Client:
+    """A NATS connection that records violations, messages and its closing."""
+
+    nc: Any = None
+    errors: list[str] = field(default_factory=list)
+    got: list[tuple[str, bytes]] = field(default_factory=list)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def connect(self, url: str, **opts: Any) -> Client:
+        async def on_error(exc: Exception) -> None:
+            self.errors.append(str(exc))
+
+        async def on_closed() -> None:
+            self.closed.set()
+
+        # reconnects on: a renewal reconnects with the new JWT (as the supervisor does)
+        self.nc = await nats.connect(url, error_cb=on_error, closed_cb=on_closed,
+                                     max_reconnect_attempts=3, reconnect_time_wait=0.2,
+                                     connect_timeout=3, **opts)
+        return self
+
+    async def listen(self, subject: str) -> None:
+        async def record(msg: Any) -> None:
+            self.got.append((msg.subject, msg.data))
+
+        await self.nc.subscribe(subject, cb=record)
+        await self.nc.flush()  # the server has the subscription before anyone publishes
+
+    async def violations(self, count: int, timeout: float = 10.0) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while len([e for e in self.errors if "permissions violation" in e]) < count:
+            assert time.monotonic() < deadline, f"expected {count} violations, got {self.errors}"
+            await asyncio.sleep(0.05)
+        return self.errors
+
+
+@contextlib.asynccontextmanager
+async def master(server: Server, job: str, *, workers: int = 2, lifetime: float = 600.0,
+                 **tls: str) -> AsyncIterator[tuple[CredsService, Client]]:
+    """A job's credential service, on the master's own (scoped) NATS user."""
+    svc = CredsService(SecurityConfig(auth_dir=str(server.auth.path), token=TOKEN,
+                                      jwt_lifetime=lifetime, revoke_grace=0.0, **tls),
+                       job=job, namespace="default", workers=workers, nats_url=server.url)
+    client = await Client().connect(server.url, **svc.connect_options())
+    await svc.start(client.nc)
+    try:
+        yield svc, client
+    finally:
+        await svc.stop()
+        await client.nc.close()
+
+
+def init_config(svc: CredsService, job: str, worker: str, tmp: Path, **kw: Any) -> InitConfig:
+    return InitConfig(master=f"127.0.0.1:{svc.port}", job=job, namespace="default",
+                      worker=worker, token=TOKEN, out=tmp / f"{job}-{worker}.creds",
+                      deadline=5.0, retries=1, **kw)
+
+
+async def worker(svc: CredsService, job: str, rank: int, tmp: Path,
+                 **kw: Any) -> tuple[Client, cf.Session]:
+    """worker-init over real gRPC, then a NATS connection with the creds, as the supervisor."""
+    cfg = init_config(svc, job, str(rank), tmp, **kw)
+    creds = await asyncio.get_running_loop().run_in_executor(None, fetch, cfg)
+    cf.write(cfg.out, creds)
+    session = cf.Session(cf.read(cfg.out), cfg.out)
+    client = await Client().connect(creds.nats_urls[0], **session.connect_options())
+    return client, session
+
+
+def test_a_worker_cannot_touch_another_jobs_subjects(server: Server, tmp_path: Path) -> None:
+    async def go() -> None:
+        async with master(server, "job-a") as (svc_a, _), master(server, "job-b") as (_, mb):
+            await mb.listen("aegis.default.job-b.>")  # job B's master hears its whole job
+            wa, _ = await worker(svc_a, "job-a", 0, tmp_path)
+            await wa.listen(p.Subjects("default", "job-a").worker(0))  # allowed
+            await wa.nc.subscribe("aegis.default.job-b.broadcast")
+            await wa.nc.subscribe("aegis.default.job-b.>")
+            await wa.nc.publish("aegis.default.job-b.master", b"forged")
+            await wa.nc.publish("aegis.default.job-b.worker.0", b"forged")
+            errors = await wa.violations(4)
+            assert any('subscription to "aegis.default.job-b.broadcast"' in e for e in errors)
+            assert any('publish to "aegis.default.job-b.master"' in e for e in errors)
+            await mb.nc.flush()
+            await asyncio.sleep(0.3)
+            assert mb.got == []  # not a byte of it reached job B
+            assert wa.nc.is_connected  # a violation is refused, not fatal
+
+    asyncio.run(go())
+
+
+def test_wildcards_the_inbox_and_jetstream_are_refused(server: Server, tmp_path: Path) -> None:
+    async def go() -> None:
+        async with master(server, "job-c") as (svc, _):
+            w, _ = await worker(svc, "job-c", 1, tmp_path)
+            await w.nc.subscribe(">")
+            await w.nc.subscribe("_INBOX.>")
+            await w.nc.subscribe("$JS.API.>")
+            await w.nc.subscribe("aegis.default.job-c.worker.0")  # another rank's orders
+            await w.nc.publish("$JS.API.INFO", b"")
+            await w.nc.publish("$KV.aegis_default_job_c.status", b"{}")
+            await w.nc.publish("aegis.default.job-c.broadcast", b"forged order")  # master only
+            errors = await w.violations(7)
+            for subject in (">", "_INBOX.>", "$JS.API.>", "aegis.default.job-c.worker.0"):
+                assert any(f'subscription to "{subject.lower()}"' in e for e in errors), errors
+            with pytest.raises(Exception):  # noqa: B017 - JetStream is out of reach entirely
+                await w.nc.jetstream().account_info(timeout=2)
+
+    asyncio.run(go())
+
+
+def test_the_masters_own_user_reaches_its_jetstream_kv(server: Server) -> None:
+    async def go() -> None:
+        from aegis_flow.master.store import KVStore
+
+        async with master(server, "job-kv") as (_, m):
+            store = await KVStore.open(m.nc, p.Subjects("default", "job-kv").kv_bucket)
+            rev = await store.save(b'{"x": 1}', 0)
+            assert await store.load() == (b'{"x": 1}', rev)
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("fault", ["expired", "foreign-signed", "unknown-account"])
+def test_bad_jwts_are_refused_at_connect(server: Server, fault: str) -> None:
+    user = nj.new_key("user")
+    signer = server.auth.seed("account-signing")
+    account = server.auth.keys.account
+    now = time.time()
+    expires = now + 600
+    if fault == "expired":
+        now, expires = now - 600, now - 300
+    elif fault == "foreign-signed":
+        signer = nj.new_key("account")  # a key nobody registered with the account
+    else:
+        signer = nj.new_key("account")
+        account = nj.public(signer)
+    perms = nj.Permissions(pub=("aegis.default.x.>",), sub=("aegis.default.x.>",))
+    jwt = nj.encode(nj.user_claims(nj.public(user), name="bad", account=account, perms=perms,
+                                   now=now, expires=expires), signer)
+
+    async def go() -> None:
+        with pytest.raises(Exception) as err:
+            await nats.connect(server.url, allow_reconnect=False, max_reconnect_attempts=0,
+                               connect_timeout=3, user_jwt_cb=lambda: jwt.encode(),
+                               signature_cb=lambda n: base64.b64encode(user.sign(n.encode())))
+        assert "authorization violation" in str(err.value).lower() or \
+            "expired" in str(err.value).lower(), err.value
+
+    asyncio.run(go())
+
+
+def test_wrong_token_is_unauthenticated_and_mints_nothing(server: Server,
+                                                          tmp_path: Path) -> None:
+    async def go() -> None:
+        async with master(server, "job-d") as (svc, _):
+            cfg = replace(init_config(svc, "job-d", "0", tmp_path), token="w" * 40)
+            with pytest.raises(InitError, match="UNAUTHENTICATED") as err:
+                await asyncio.get_running_loop().run_in_executor(None, fetch, cfg)
+            assert err.value.refused
+            assert svc.issuer.minted == 0 and svc.issuer.keys == {}
+
+    asyncio.run(go())
+
+
+def test_a_revoked_worker_is_dropped_and_cannot_come_back(server: Server,
+                                                          tmp_path: Path) -> None:
+    async def go() -> None:
+        async with master(server, "job-e") as (svc, _):
+            w0, s0 = await worker(svc, "job-e", 0, tmp_path)
+            w1, _ = await worker(svc, "job-e", 1, tmp_path)
+            svc.evict(0)  # quarantined / evicted
+            await asyncio.wait_for(w0.closed.wait(), 10)
+            assert not w1.closed.is_set() and w1.nc.is_connected  # the others stay
+            with pytest.raises(Exception):  # noqa: B017 - its JWT is on the revocation list
+                await Client().connect(server.url, **s0.connect_options())
+            revoked = operator.read_revocations(server.auth.path)
+            assert s0.creds.public_key in revoked
+            # a replacement for rank 0 gets fresh credentials and connects
+            w0b, s0b = await worker(svc, "job-e", 0, tmp_path)
+            assert w0b.nc.is_connected and s0b.creds.public_key != s0.creds.public_key
+
+    asyncio.run(go())
+
+
+def test_a_replacement_locks_out_its_predecessor(server: Server, tmp_path: Path) -> None:
+    async def go() -> None:
+        async with master(server, "job-f") as (svc, _):
+            old, _ = await worker(svc, "job-f", 1, tmp_path)
+            await worker(svc, "job-f", 1, tmp_path)  # a new incarnation of rank 1
+            await asyncio.wait_for(old.closed.wait(), 10)
+
+    asyncio.run(go())
+
+
+def test_two_jobs_side_by_side_never_see_each_other(server: Server, tmp_path: Path) -> None:
+    async def go() -> None:
+        async with master(server, "side-a") as (sa, ma), master(server, "side-b") as (sb, mb):
+            jobs = {"side-a": (sa, ma), "side-b": (sb, mb)}
+            workers: dict[str, list[Client]] = {}
+            for job, (svc, m) in jobs.items():
+                s = p.Subjects("default", job)
+                await m.listen(s.master)
+                workers[job] = []
+                for rank in (0, 1):
+                    w, _ = await worker(svc, job, rank, tmp_path)
+                    await w.listen(s.broadcast)
+                    await w.listen(s.worker(rank))
+                    workers[job].append(w)
+            for job, (_, m) in jobs.items():
+                s = p.Subjects("default", job)
+                for rank, w in enumerate(workers[job]):
+                    await w.nc.publish(s.master, f"{job}:{rank}".encode())
+                await m.nc.publish(s.broadcast, f"{job}:order".encode())
+                await m.nc.publish(s.worker(0), f"{job}:to-0".encode())
+            for c in [ma, mb, *workers["side-a"], *workers["side-b"]]:
+                await c.nc.flush()
+            await asyncio.sleep(0.5)
+            for job, (_, m) in jobs.items():
+                assert sorted(d for _, d in m.got) == [f"{job}:0".encode(), f"{job}:1".encode()]
+                for rank, w in enumerate(workers[job]):
+                    expect = [f"{job}:order"] + ([f"{job}:to-0"] if rank == 0 else [])
+                    assert sorted(d.decode() for _, d in w.got) == sorted(expect)
+                    assert all(subj.startswith(f"aegis.default.{job}.") for subj, _ in w.got)
+                    assert w.errors == []
+
+    asyncio.run(go())
+
+
+def test_renewal_over_the_workers_own_subject_outlives_the_jwt(server: Server,
+                                                               tmp_path: Path) -> None:
+    """A connected client is dropped when its JWT expires; renewing keeps it connected."""
+    async def go() -> None:
+        async with master(server, "job-g", lifetime=2.0) as (svc, m):
+            s = p.Subjects("default", "job-g")
+            await m.listen(s.master)
+            w, session = await worker(svc, "job-g", 0, tmp_path)
+            notes: list[str] = []
+            renewer = asyncio.ensure_future(session.renew_loop(w.nc, notes.append))
+            first_exp = session.creds.expires_at
+            for i in range(10):  # 5 s: two and a half lifetimes
+                await w.nc.publish(s.master, f"beat {i}".encode())
+                await asyncio.sleep(0.5)
+            renewer.cancel()
+            assert session.renewals >= 2, notes
+            assert session.creds.expires_at > first_exp
+            assert cf.read(session.path or "").jwt == session.creds.jwt  # file kept current
+            assert not w.closed.is_set() and w.nc.is_connected
+            assert any(d == b"beat 9" for _, d in m.got)
+            # without renewal the server drops the connection at expiry
+            lone, _ = await worker(svc, "job-g", 1, tmp_path)
+            await asyncio.wait_for(lone.closed.wait(), 8)
+
+    asyncio.run(go())
+
+
+def test_a_token_replayed_after_the_job_ended_is_refused(server: Server,
+                                                         tmp_path: Path) -> None:
+    """The real master: the job ends (an operator stop), the master lingers, and the same
+    bootstrap token no longer mints anything."""
+    from aegis_flow.master.runtime import Master, MasterConfig
+
+    async def go() -> None:
+        svc = CredsService(SecurityConfig(auth_dir=str(server.auth.path), token=TOKEN),
+                           job="job-h", namespace="default", workers=1, nats_url=server.url)
+        cfg = MasterConfig(job="job-h", workers=1, nats_url=server.url, linger=30.0,
+                           connect_timeout=60.0, observe=False)
+        run = asyncio.ensure_future(Master(cfg, security=svc).run())
+        while not svc.port:
+            await asyncio.sleep(0.05)
+        ok = await asyncio.get_running_loop().run_in_executor(
+            None, fetch, init_config(svc, "job-h", "0", tmp_path))
+        assert ok.jwt and svc.issuer.minted == 1
+        subjects = p.Subjects("default", "job-h")
+        op = await Client().connect(server.url, **operator.user_options(
+            server.auth, nj.Permissions(pub=(subjects.control,), sub=()), name="op",
+            now=time.time()))
+        stop = p.Message(job="job-h", namespace="default", pod_name="operator",
+                         type=p.MsgType.STOP, data={"reason": "test"}, timestamp=time.time())
+        await op.nc.publish(subjects.control, stop.encode())
+        await op.nc.flush()
+        while not svc.issuer.ended:
+            await asyncio.sleep(0.05)
+        with pytest.raises(InitError, match="FAILED_PRECONDITION") as err:
+            await asyncio.get_running_loop().run_in_executor(
+                None, fetch, init_config(svc, "job-h", "0", tmp_path))
+        assert err.value.refused and svc.issuer.minted == 1
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        await svc.stop()
+        await op.nc.close()
+
+    asyncio.run(go())
+
+
+# -- TLS --------------------------------------------------------------------------------------
+
+def self_signed(tmp: Path, name: str) -> tuple[Path, Path]:
+    """A self-signed certificate for ``name`` (and 127.0.0.1), made on the spot."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([
+                x509.DNSName(name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp / f"{name}.crt", tmp / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_tls_and_mutual_tls(server: Server, tmp_path: Path) -> None:
+    pytest.importorskip("cryptography", reason="the cryptography package makes the test certs")
+    cert, key = self_signed(tmp_path, "master")
+    client_cert, client_key = self_signed(tmp_path, "worker")
+    other, _ = self_signed(tmp_path, "impostor")
+
+    async def go() -> None:
+        tls = dict(tls_cert=str(cert), tls_key=str(key), tls_client_ca=str(client_cert))
+        async with master(server, "job-tls", **tls) as (svc, _):
+            run = asyncio.get_running_loop().run_in_executor
+            good = init_config(svc, "job-tls", "0", tmp_path, tls_ca=str(cert),
+                               tls_cert=str(client_cert), tls_key=str(client_key))
+            assert (await run(None, fetch, good)).jwt
+            for bad in (replace(good, tls_ca=str(other)),  # the master is not who we trust
+                        replace(good, tls_cert="", tls_key=""),  # no client certificate
+                        replace(good, tls_ca="", tls_cert="", tls_key="")):  # plaintext
+                with pytest.raises(InitError) as err:
+                    await run(None, fetch, replace(bad, deadline=1.0, retries=0))
+                assert not err.value.refused  # the handshake fails: unreachable, not refused
+            assert svc.issuer.minted == 1
+
+    asyncio.run(go())
+
+
+# -- the commands ------------------------------------------------------------------------------
+
+def test_worker_init_without_a_master_exits_0_and_the_worker_runs_plainly(tmp_path: Path) -> None:
+    """Unreachable master → no creds → the supervisor's RunIndependent fallback."""
+    from aegis_flow.master.runtime import free_port
+
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    out = tmp_path / "w.creds"
+    cmd = [sys.executable, "-m", "aegis_flow.cli", "worker-init", "--master",
+           f"127.0.0.1:{free_port()}", "--job", "j", "--worker", "0", "--token-file",
+           str(token), "--out", str(out), "--deadline", "0.5", "--retries", "1", "--exec", "--",
+           sys.executable, "-m", "aegis_flow.cli", "worker", "--creds", str(out), "--job", "j",
+           "--rank", "0", "--world-size", "1", "--no-prewarm", "--",
+           sys.executable, "-c", "import sys; print('plain run'); sys.exit(5)"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 5, res.stderr
+    assert "unreachable" in res.stderr and "FAULT TOLERANCE IS OFF" in res.stderr
+    assert "plain run" in res.stdout and not out.exists()
+    assert "Traceback" not in res.stderr
+
+
+def test_worker_init_bad_arguments_are_clear(tmp_path: Path) -> None:
+    base = [sys.executable, "-m", "aegis_flow.cli", "worker-init"]
+    res = subprocess.run([*base, "--job", "j"], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2 and "--master" in res.stderr
+    res = subprocess.run([*base, "--master", "h:1", "--job", "j", "--worker", "0", "--out",
+                          str(tmp_path / "c"), "--token-env", "AEGIS_NO_SUCH_TOKEN"],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2 and "AEGIS_NO_SUCH_TOKEN" in res.stderr
+    assert "Traceback" not in res.stderr
