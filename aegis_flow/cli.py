@@ -72,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from aegis_flow.supervisor.__main__ import main as worker_main
 
         return worker_main(args_list[1:])
+    if args_list[:1] == ["worker-init"]:  # its own parser ('--exec -- CMD' passes through)
+        from aegis_flow.security.worker_init import main as init_main
+
+        return init_main(args_list[1:])
     if args_list[:1] == ["master"]:
         from aegis_flow.master.__main__ import main as master_main
 

@@ -52,6 +52,12 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--no-prewarm", dest="prewarm", action="store_false",
                    help="start every run cold instead of forking Python commands from a "
                    "pre-warmed interpreter (slower restarts)")
+    r.add_argument("--insecure-nats", action="store_true",
+                   help="DEBUGGING ONLY: run the embedded NATS without authentication, so any "
+                   "local process can read and forge the job's messages (default: operator "
+                   "mode, per-worker credentials fetched over gRPC)")
+    r.add_argument("--jwt-lifetime", type=float, default=3600.0,
+                   help="seconds a worker's NATS credentials live before renewal (default 3600)")
     r.add_argument("--metrics-port", type=port, default=0,
                    help="the master's /metrics, /healthz, /readyz port (default 0: a free "
                    "one, written to STATE_DIR/JOB/metrics.port)")
@@ -126,7 +132,7 @@ def _run(a: argparse.Namespace) -> int:
                     state_dir=a.state_dir, injections=tuple(a.inject),
                     connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout,
                     metrics_port=a.metrics_port, progress=not a.quiet,
-                    prewarm=a.prewarm)
+                    prewarm=a.prewarm, secure=not a.insecure_nats, jwt_lifetime=a.jwt_lifetime)
     return run_job(cfg)
 
 
@@ -137,13 +143,31 @@ def _url(a: argparse.Namespace) -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
-async def _fetch(url: str, subjects: p.Subjects) -> bytes | None:
+def _auth_options(a: argparse.Namespace, subjects: p.Subjects) -> dict[str, Any]:
+    """Credentials for status/stop when the local job runs NATS in operator mode: a short-lived
+    user minted with the job's account signing key from the state dir (none otherwise)."""
+    import time
+
+    auth_dir = a.state_dir / a.job / "auth"
+    if a.nats_url or not (auth_dir / "public.json").is_file():
+        return {}
+    from aegis_flow.security import natsjwt as nj
+    from aegis_flow.security.issuer import master_permissions
+    from aegis_flow.security.operator import load, user_options
+
+    perms = master_permissions(subjects)
+    return user_options(load(auth_dir), nj.Permissions(pub=perms.pub, sub=perms.sub),
+                        name="aegis-operator-cli", now=time.time())
+
+
+async def _fetch(url: str, subjects: p.Subjects,
+                 auth: dict[str, Any] | None = None) -> bytes | None:
     import nats
 
     from aegis_flow.master.store import KVStore
 
     nc = await asyncio.wait_for(nats.connect(url, connect_timeout=2,
-                                             max_reconnect_attempts=0), 5)
+                                             max_reconnect_attempts=0, **(auth or {})), 5)
     try:
         store = await KVStore.open(nc, subjects.kv_bucket, create=False)
         raw, _ = await store.load()
@@ -163,7 +187,8 @@ def _status(a: argparse.Namespace) -> int:
               "(is it running? pass --nats-url)", file=sys.stderr)
         return 2
     try:
-        raw = asyncio.run(_fetch(url, p.Subjects(a.namespace, a.job)))
+        subjects = p.Subjects(a.namespace, a.job)
+        raw = asyncio.run(_fetch(url, subjects, _auth_options(a, subjects)))
     except Exception as exc:  # noqa: BLE001
         print(f"aegis-flow status: cannot reach NATS at {url}: {exc}", file=sys.stderr)
         return 2
@@ -200,7 +225,8 @@ def _stop(a: argparse.Namespace) -> int:
         import nats
 
         nc = await asyncio.wait_for(nats.connect(url, connect_timeout=2,
-                                                 max_reconnect_attempts=0), 5)
+                                                 max_reconnect_attempts=0,
+                                                 **_auth_options(a, subjects)), 5)
         await nc.publish(subjects.control, msg.encode())
         await nc.flush()
         await nc.close()

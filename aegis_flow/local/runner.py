@@ -49,6 +49,8 @@ class RunConfig:
     metrics_port: int = 0  # the master's /metrics port (0 = a free one, in metrics.port)
     progress: bool = True  # a status line on stderr every few seconds
     progress_every: float = 5.0
+    secure: bool = True  # embedded NATS in operator mode, per-worker credentials (security/)
+    jwt_lifetime: float = 3600.0  # seconds a worker's NATS JWT lives before it is renewed
 
 
 def _say(text: str) -> None:
@@ -105,6 +107,7 @@ class LocalJob:
         self.url = ""
         self.progress = ProgressPrinter(self.state_dir / "metrics.port",
                                         every=cfg.progress_every, enabled=cfg.progress)
+        self.grpc_addr = ""  # the master's SyncWorkerCreds address when credentials are on
 
     def _master_args(self) -> list[str]:
         c = self.cfg
@@ -116,18 +119,53 @@ class LocalJob:
                 "--metrics-port", str(c.metrics_port), "--metrics-addr", "127.0.0.1",
                 "--port-file", str((self.state_dir / "metrics.port").absolute()),
                 "--log-dir", str((self.state_dir / "logs").absolute()),
-                *c.extra_master_args]
+                *self._master_auth_args(), *c.extra_master_args]
+
+    def _master_auth_args(self) -> list[str]:
+        if not self.grpc_addr:
+            return []
+        return ["--auth-dir", str(self.state_dir / "auth"), "--token-file",
+                str(self.state_dir / "token"), "--grpc-listen", self.grpc_addr,
+                "--jwt-lifetime", str(self.cfg.jwt_lifetime)]
+
+    def _worker_init_args(self, rank: int) -> list[str]:
+        """Locally the credential fetch runs just before the supervisor, in the same process
+        (worker-init execs the supervisor whatever happens; without credentials it falls back
+        to a plain run)."""
+        if not self.grpc_addr:
+            return []
+        creds = self.state_dir / "creds" / f"{rank}.creds"
+        return [sys.executable, "-m", "aegis_flow.security.worker_init", "--master",
+                self.grpc_addr, "--job", self.cfg.job, "--namespace", self.cfg.namespace,
+                "--worker", str(rank), "--token-file", str(self.state_dir / "token"),
+                "--out", str(creds), "--exec", "--"]
 
     def _worker_args(self, rank: int) -> list[str]:
         c = self.cfg
         node = f"local-node-{rank}" + (f"-{self.node_gen[rank]}" if self.node_gen.get(rank) else "")
         injects = [a for s in c.injections for a in ("--inject", s)]
-        return [sys.executable, "-m", "aegis_flow.supervisor", "--job", c.job, "--namespace",
+        creds = (["--creds", str(self.state_dir / "creds" / f"{rank}.creds")]
+                 if self.grpc_addr else [])
+        return [*self._worker_init_args(rank), sys.executable, "-m", "aegis_flow.supervisor",
+                *creds, "--job", c.job, "--namespace",
                 c.namespace, "--rank", str(rank), "--world-size", str(c.workers), "--nats-url",
                 self.url, "--node", node, "--heartbeat", str(c.heartbeat), "--grace",
                 str(c.grace), "--work-dir", str(self.state_dir / "work"), *injects,
                 *([] if c.prewarm else ["--no-prewarm"]),
                 *c.extra_worker_args, "--", *c.command]
+
+    def _secure_nats(self) -> Path:
+        """Operator mode: bootstrap the keys (0600, kept across runs), write the server config,
+        a fresh bootstrap token for this run, and pick the master's gRPC port."""
+        from aegis_flow.master.runtime import free_port
+        from aegis_flow.security.operator import bootstrap
+        from aegis_flow.security.tokens import new_token, write_token
+
+        auth = bootstrap(self.state_dir / "auth")
+        write_token(self.state_dir / "token", new_token())
+        (self.state_dir / "creds").mkdir(mode=0o700, exist_ok=True)
+        self.grpc_addr = f"127.0.0.1:{free_port()}"
+        return auth.write_server_config()
 
     def _write_pids(self) -> None:
         pids = {"runner": os.getpid(), "master": self.master.pid if self.master else None,
@@ -150,7 +188,11 @@ class LocalJob:
             if self.cfg.nats_url is None:
                 from aegis_flow.local.natsserver import EmbeddedNats
 
-                server = EmbeddedNats(store_dir=str(self.state_dir / "nats"))
+                config = self._secure_nats() if self.cfg.secure else None
+                if not self.cfg.secure:
+                    _say("WARNING: --insecure-nats: NATS runs WITHOUT authentication; any local "
+                         "process can read and forge this job's messages. For debugging only.")
+                server = EmbeddedNats(store_dir=str(self.state_dir / "nats"), config_file=config)
                 server.start()
                 self.url = server.url
             else:

@@ -37,6 +37,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-dir", default="", help="write the fault log (JSON lines) here")
     ap.add_argument("--gpu-type", default="", help="gpu_type label of the metrics (default: "
                     "what the workers report)")
+    sec = ap.add_argument_group(
+        "credentials", "with --auth-dir the master serves gRPC SyncWorkerCreds and mints "
+        "per-worker NATS user JWTs (NATS in operator mode); without it, no credentials")
+    sec.add_argument("--auth-dir", default="", help="the master's keys: public.json, "
+                     "account-signing.seed, operator-signing.seed, system-user.jwt/.seed")
+    tok = sec.add_mutually_exclusive_group()
+    tok.add_argument("--token-file", default="", help="the job's bootstrap token")
+    tok.add_argument("--token-env", default="", help="... or the variable that holds it")
+    sec.add_argument("--grpc-listen", default="127.0.0.1:0", help="gRPC address (HOST:PORT)")
+    sec.add_argument("--tls-cert", default="", help="serve gRPC over TLS with this certificate")
+    sec.add_argument("--tls-key", default="", help="... and this key")
+    sec.add_argument("--tls-client-ca", default="",
+                     help="require client certificates signed by this CA (mutual TLS)")
+    sec.add_argument("--jwt-lifetime", type=float, default=3600.0,
+                     help="seconds a worker's JWT lives (renewed at 2/3; default 3600)")
+    sec.add_argument("--advertise-nats-url", action="append", default=[],
+                     help="NATS URL workers should dial (default: --nats-url); repeatable")
     a = ap.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="[aegis-flow master] %(message)s")
@@ -47,8 +64,27 @@ def main(argv: list[str] | None = None) -> int:
                        status_file=a.status_file, metrics_port=a.metrics_port,
                        metrics_addr=a.metrics_addr, port_file=a.port_file, log_dir=a.log_dir,
                        gpu_type=a.gpu_type)
+    security = None
+    if a.auth_dir:
+        from aegis_flow.master.creds import CredsService, SecurityConfig
+        from aegis_flow.security.operator import AuthDirError
+        from aegis_flow.security.tokens import read_token
+
+        if bool(a.tls_cert) != bool(a.tls_key):
+            ap.error("--tls-cert and --tls-key go together")
+        try:
+            token = read_token(path=a.token_file,
+                               env=a.token_env or ("" if a.token_file else "AEGIS_BOOTSTRAP_TOKEN"))
+            security = CredsService(SecurityConfig(
+                auth_dir=a.auth_dir, token=token, grpc_listen=a.grpc_listen,
+                tls_cert=a.tls_cert, tls_key=a.tls_key, tls_client_ca=a.tls_client_ca,
+                jwt_lifetime=a.jwt_lifetime,
+                advertise_nats_urls=tuple(a.advertise_nats_url)),
+                job=a.job, namespace=a.namespace, workers=a.workers, nats_url=a.nats_url)
+        except (ValueError, AuthDirError) as exc:
+            ap.error(str(exc))
     try:
-        return asyncio.run(Master(cfg).run())
+        return asyncio.run(Master(cfg, security=security).run())
     except KeyboardInterrupt:
         return 130
 

@@ -23,6 +23,7 @@ from aegis_flow.master import machine as m
 from aegis_flow.master.store import KVStore, Store, StoreConflict, decode_doc, encode_doc
 
 if TYPE_CHECKING:
+    from aegis_flow.master.creds import CredsService
     from aegis_flow.master.observer import Observer
 
 log = logging.getLogger("aegis_flow.master")
@@ -60,8 +61,10 @@ def free_port(addr: str = "127.0.0.1") -> int:
 
 
 class Master:
-    def __init__(self, cfg: MasterConfig, *, store: Store | None = None) -> None:
+    def __init__(self, cfg: MasterConfig, *, store: Store | None = None,
+                 security: CredsService | None = None) -> None:
         self.cfg = cfg
+        self.security = security  # per-worker NATS credentials (master/creds.py), or none
         self.subjects = p.Subjects(cfg.namespace, cfg.job)
         self.store = store
         self.status = m.initial_status(cfg.workers, cfg.max_retry, flap_limit=cfg.flap_limit)
@@ -145,6 +148,8 @@ class Master:
                 self.phase_since = time.monotonic()
                 if new.phase.terminal:
                     self.ended_at = time.monotonic()
+                    if self.security is not None:
+                        self.security.job_ended()
             for effect in effects:
                 await self._execute(effect)
 
@@ -164,6 +169,8 @@ class Master:
             await self._publish(self.subjects.worker(effect.rank), effect, now)
         elif isinstance(effect, m.ExitWorker):
             await self._publish(self.subjects.worker(effect.rank), effect, now)
+            if self.security is not None:  # its successor gets new credentials
+                self.security.evict(effect.rank)
         elif isinstance(effect, m.Quarantine):
             self.stats["quarantined"] += 1
             self._note(f"node {effect.node} of rank {effect.rank} quarantined", logging.WARNING)
@@ -323,7 +330,8 @@ class Master:
             self.nc = await asyncio.wait_for(nats.connect(
                 self.cfg.nats_url, ping_interval=2, max_outstanding_pings=3,
                 max_reconnect_attempts=-1, reconnect_time_wait=0.5, allow_reconnect=True,
-                connect_timeout=2), timeout=10)
+                connect_timeout=2,
+                **(self.security.connect_options() if self.security else {})), timeout=10)
         except Exception as exc:  # noqa: BLE001 - no NATS: the workers will run on their own
             log.error("cannot reach NATS at %s (%s): workers fall back to plain runs",
                       self.cfg.nats_url, exc)
@@ -332,6 +340,10 @@ class Master:
             if self.store is None:
                 self.store = await KVStore.open(self.nc, self.subjects.kv_bucket)
             await self._load()
+            if self.security is not None:
+                if self.status.phase.terminal:
+                    self.security.job_ended()
+                await self.security.start(self.nc)
             self.started = self.phase_since = time.monotonic()
             await self.nc.subscribe(self.subjects.master, cb=self._cb)
             await self.nc.subscribe(self.subjects.control, cb=self._cb)
@@ -350,6 +362,8 @@ class Master:
             log.error("another master owns job %s: %s", self.cfg.job, exc)
             return 2
         finally:
+            if self.security is not None:
+                await self.security.stop()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.drain(), 2)
         self._note(summary(self.status))
