@@ -399,12 +399,10 @@ class Supervisor:
 
             auth = _auth_options(self.cfg)
             self.session = _creds_session(self.cfg)
-            servers: Any = self.cfg.nats_url
-            if self.session is not None:
+            if self.session is not None:  # --nats-url wins over the URLs in the creds
                 auth.update(self.session.connect_options())
-                servers = list(self.session.creds.nats_urls) or self.cfg.nats_url
             self.nc = await asyncio.wait_for(nats.connect(
-                servers, connect_timeout=min(self.cfg.connect_timeout, 5.0),
+                self.cfg.nats_url, connect_timeout=min(self.cfg.connect_timeout, 5.0),
                 max_reconnect_attempts=-1, reconnect_time_wait=0.5, ping_interval=2,
                 max_outstanding_pings=3, allow_reconnect=True,
                 error_cb=self._nats_error, disconnected_cb=None, **auth),
