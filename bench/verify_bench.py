@@ -4,9 +4,12 @@ Side effects: prints a table to stdout (and, with ``--markdown``, the same rows 
 Not a timed test: run it by hand or with ``make bench``. Times are wall clock and this
 process's CPU time; on a shared machine the CPU column is the steadier one.
 
-    python bench/verify_bench.py                 # W=3 R=2, message layer off/on, symmetry off/on
-    python bench/verify_bench.py --grid          # W in {2,3,4} x R in {1,2,3}, both layers
-    python bench/verify_bench.py --case 3 2 1 4 0   # one case: W R message-layer seq-bound sym
+    python bench/verify_bench.py             # W=3 R=2, both layers: default key, symmetry, exact
+    python bench/verify_bench.py --grid      # W in {2,3,4} x R in {1,2,3}, both layers
+    python bench/verify_bench.py --case 3 2 1 4 0 0   # W R message-layer seq-bound sym exact
+
+"exact" keeps each worker's reported seq in the state key (the concrete graph a dump lists); the
+default key drops it (no decision reads it) and checks WorkerSeqNumBound on every edge.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 
 from aegis_flow.verify import Config, verify
 
-HEADER = ("workers", "max_retry", "message layer", "seq bound", "symmetry", "states",
+HEADER = ("workers", "max_retry", "message layer", "seq bound", "symmetry", "exact", "states",
           "transitions", "seconds", "cpu s", "states/s", "verdict")
 
 
@@ -29,10 +32,15 @@ class Case:
     message_layer: bool
     seq_bound: int
     symmetry: bool
+    exact: bool = False
 
 
 def default_cases() -> list[Case]:
-    return [Case(3, 2, ml, 4, sym) for ml in (False, True) for sym in (False, True)]
+    """W=3 R=2 seq<=4: the default key with and without symmetry, then the exact key (for the
+    message layer only up to seq 3 and with symmetry: the exact graph is far larger)."""
+    return [Case(3, 2, False, 4, False), Case(3, 2, False, 4, True),
+            Case(3, 2, False, 4, False, True),
+            Case(3, 2, True, 4, False), Case(3, 2, True, 4, True), Case(3, 2, True, 3, True, True)]
 
 
 def grid_cases(symmetric_from: int) -> list[Case]:
@@ -45,12 +53,13 @@ def grid_cases(symmetric_from: int) -> list[Case]:
 def run(case: Case, max_states: int) -> tuple[str, ...]:
     report = verify(Config(workers=case.workers, max_retry=case.max_retry,
                            message_layer=case.message_layer, seq_bound=case.seq_bound,
-                           symmetry=case.symmetry, max_states=max_states))
+                           symmetry=case.symmetry, exact=case.exact, max_states=max_states))
     ex = report.exploration
     verdict = {0: "all hold", 1: "VIOLATED", 2: "state limit"}[report.exit_code()]
     rate = ex.states / ex.seconds if ex.seconds else 0.0
     return (str(case.workers), str(case.max_retry), "on" if case.message_layer else "off",
-            str(case.seq_bound), "on" if case.symmetry else "off", f"{ex.states:,}",
+            str(case.seq_bound), "on" if case.symmetry else "off",
+            "on" if case.exact else "off", f"{ex.states:,}",
             f"{ex.transitions:,}", f"{ex.seconds:.1f}", f"{ex.cpu_seconds:.1f}", f"{rate:,.0f}",
             verdict)
 
@@ -71,13 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grid", action="store_true", help="the docs/verification.md grid")
     p.add_argument("--symmetric-from", type=int, default=4,
                    help="with --grid: use symmetry from this many workers on (default 4)")
-    p.add_argument("--case", nargs=5, type=int, metavar=("W", "R", "ML", "SEQ", "SYM"),
+    p.add_argument("--case", nargs=6, type=int, metavar=("W", "R", "ML", "SEQ", "SYM", "EXACT"),
                    action="append", help="one case (repeatable)")
     p.add_argument("--max-states", type=int, default=20_000_000)
     p.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = p.parse_args(argv)
     if args.case:
-        cases = [Case(w, r, bool(ml), seq, bool(sym)) for w, r, ml, seq, sym in args.case]
+        cases = [Case(w, r, bool(ml), seq, bool(sym), bool(ex))
+                 for w, r, ml, seq, sym, ex in args.case]
     elif args.grid:
         cases = grid_cases(args.symmetric_from)
     else:

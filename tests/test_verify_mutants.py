@@ -175,3 +175,22 @@ def test_counterexamples_are_concrete_under_symmetry(monkeypatch: pytest.MonkeyP
     report = verify(Config(workers=3, max_retry=0, seq_bound=3, symmetry=True))
     verdict = violated(report, "RetriesBound", "RecoverCountBound")
     assert_last_state_violates(verdict)
+
+
+# --------------------------------------------------------------------------- (f) a worker's seq
+
+
+def test_a_worker_seq_beyond_the_master_is_caught_without_it_in_the_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default key drops the workers' reported seqs; WorkerSeqNumBound, which reads them, is
+    then checked on every successor. A returning worker recorded one seq ahead is caught."""
+    original = machine._return_worker
+
+    def return_ahead(status: Status, pod: PodInfo) -> machine.Result:
+        return original(status, replace(pod, seq=status.seq + 1))
+
+    monkeypatch.setattr(machine, "_return_worker", return_ahead)
+    report = verify(Config(workers=2, max_retry=1, seq_bound=3))
+    assert not report.config.exact
+    verdict = violated(report, "WorkerSeqNumBound")
+    assert_last_state_violates(verdict)

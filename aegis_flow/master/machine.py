@@ -299,10 +299,10 @@ def _on_ack(status: Status, ev: Ack, now: float) -> Result:
     new_incarnation = pod.incarnation is not None and ev.incarnation != pod.incarnation
     # a new pod knows nothing of its predecessor's seq: track what *it* has seen
     seq = min(ev.seq if new_incarnation else max(pod.seq, ev.seq), status.seq)
-    old = pod
-    pod = evolve(pod, seq=seq, node=ev.node or pod.node, pod_ip=ev.pod_ip or pod.pod_ip)
-    if pod != old or new_incarnation or pod.incarnation is None:
-        pod = evolve(pod, updated=now)  # a bare heartbeat changes nothing: nothing to persist
+    node, pod_ip = ev.node or pod.node, ev.pod_ip or pod.pod_ip
+    if seq != pod.seq or node != pod.node or pod_ip != pod.pod_ip or new_incarnation \
+            or pod.incarnation is None:  # a bare heartbeat changes nothing: nothing to persist
+        pod = evolve(pod, seq=seq, node=node, pod_ip=pod_ip, updated=now)
     phase = status.phase
 
     if phase is Phase.PENDING:  # Pending exception: any seq

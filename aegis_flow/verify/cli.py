@@ -25,6 +25,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         message_layer=bool(args.message_layer),
         seq_bound=args.seq_bound,
         symmetry=bool(args.symmetry),
+        exact=bool(getattr(args, "exact", False)),
         max_states=args.max_states,
     )
 

@@ -14,7 +14,10 @@ machine reads (sound, see docs/verification.md):
 * ``finish_seq``/``error_seq`` become "equals the master's seq": a Finish/Error whose seq is not
   the current one is rejected as stale or future before dedup looks at them, and the master's
   seq never decreases (MasterSeqNumMonotonic and StaleFinishRejected check both);
-* ``error_nodes`` becomes one bit per worker (node names are fixed: ``n{rank}``).
+* ``error_nodes`` and ``stop_reason``: the quarantine set is written by T3/T10 and read by no
+  decision of ``step`` (only the runtime acts on its Quarantine effect), and ``stop_reason`` is
+  set only on the way into Failed;
+* a terminal status keeps only what the invariants and the dump read (see ``Encoder``).
 
 With ``symmetry`` the key also forgets which worker is which (the per-worker codes are sorted) and
 which incarnation name a worker carries ("0"/"1" are compared only for equality), keeping only
@@ -66,6 +69,7 @@ class Config:
     message_layer: bool = False
     seq_bound: int = 4
     symmetry: bool = False
+    exact: bool = False  # keep every worker's reported seq in the key (what a dump needs)
     max_states: int = 5_000_000
 
     def initial(self) -> Status:
@@ -75,18 +79,30 @@ class Config:
 
 
 class Encoder:
-    """Status → compact int key, interning each worker's tuple as a small integer."""
+    """Status → compact int key, interning each worker's tuple as a small integer.
 
-    def __init__(self, *, symmetry: bool) -> None:
+    Live and terminal statuses are keyed differently. A live status keeps everything a decision
+    of ``step`` or of the environment reads. A terminal status has no future: only what the
+    state invariants and the canonical dump read is kept (phases, finished, retries, restarting,
+    seqs, recoverCount, shouldQuit), so the many Failed statuses that differ only in flap
+    counters, exit codes or hang marks are one state. Live and terminal tuples have different
+    lengths, so their codes never collide.
+    """
+
+    def __init__(self, *, symmetry: bool, exact: bool = True) -> None:
         self.symmetry = symmetry
+        self.exact = exact
         self._pods: dict[tuple[object, ...], int] = {}
         self._heads: dict[tuple[object, ...], int] = {}
 
-    def pod_code(self, pod: PodInfo, seq: int, error_nodes: frozenset[str]) -> int:
+    def pod_code(self, pod: PodInfo, seq: int) -> int:
         t = (pod.phase._value_, pod.finished, pod.retries, pod.restarting,
-             pod.incarnation is None, pod.seq,
+             pod.incarnation is None, pod.seq if self.exact else -1,
              pod.finish_seq == seq, pod.error_seq == seq, pod.flaps, pod.hanging,
-             pod.exit_code, pod.node in error_nodes)
+             pod.exit_code)
+        return self._intern(t)
+
+    def _intern(self, t: tuple[object, ...]) -> int:
         code = self._pods.get(t)
         if code is None:
             code = self._pods[t] = len(self._pods)
@@ -95,8 +111,12 @@ class Encoder:
         return code
 
     def key(self, status: Status, codes: Sequence[int]) -> int:
+        """The key of a live status from its workers' ``codes`` (see ``codes``)."""
         h = (status.phase._value_, status.seq, status.recover_count, status.should_quit,
-             status.ran, status.stop_reason != "", status.checkpoint_step)
+             status.ran, status.checkpoint_step)
+        return self._join(h, codes)
+
+    def _join(self, h: tuple[object, ...], codes: Sequence[int]) -> int:
         k = self._heads.get(h)
         if k is None:
             k = self._heads[h] = len(self._heads)
@@ -104,11 +124,20 @@ class Encoder:
             k = (k << _POD_BITS) | c
         return k
 
+    def terminal_key(self, status: Status) -> int:
+        h = (status.phase._value_, status.seq, status.recover_count, status.should_quit)
+        exact = self.exact
+        return self._join(h, [self._intern((p.phase._value_, p.finished, p.retries,
+                                            p.restarting, p.seq if exact else -1))
+                              for p in status.workers])
+
     def codes(self, status: Status) -> list[int]:
-        seq, nodes = status.seq, status.error_nodes
-        return [self.pod_code(p, seq, nodes) for p in status.workers]
+        seq = status.seq
+        return [self.pod_code(p, seq) for p in status.workers]
 
     def encode(self, status: Status) -> int:
+        if status.phase in TERMINAL_PHASES:
+            return self.terminal_key(status)
         return self.key(status, self.codes(status))
 
 
@@ -149,6 +178,7 @@ def explore(
     *,
     invariants: Sequence[StateCheck] = (),
     transition_invariants: Sequence[EdgeCheck] = (),
+    every_successor: Sequence[StateCheck] = (),
     dump: bool = False,
     project: Callable[[Status], str] | None = None,
 ) -> Exploration:
@@ -156,13 +186,19 @@ def explore(
 
     A state that violates an invariant is recorded and not expanded. Live states whose master
     seq exceeds ``config.seq_bound`` are not entered (cut edges); terminal states always are.
+    Unless ``config.exact`` (or ``dump``), the key drops each worker's reported seq: the
+    ``every_successor`` invariants, which read it, are then checked on every successor status
+    ``step`` returns, not only on the first status of each key; a violation is reported as a
+    transition (the state before and the event).
     """
     if dump and config.symmetry:
         raise ValueError("a state dump needs every concrete state: turn symmetry off")
     to_line = project if project is not None else canonical
     start, cpu = time.perf_counter(), time.process_time()
     ex = Exploration(config=config)
-    enc = ex.encoder = Encoder(symmetry=config.symmetry)
+    exact = config.exact or dump
+    enc = ex.encoder = Encoder(symmetry=config.symmetry, exact=exact)
+    seq_checks = () if exact else tuple(every_successor)
     ml, bound = config.message_layer, config.seq_bound
     if dump:
         ex.canonical_states = set()
@@ -200,7 +236,8 @@ def explore(
         add(s0, enc.encode(s0), -1)
         while frontier:
             status, sid = frontier.popleft()
-            _expand(ex, enc, index, add, status, sid, ml, bound, transition_invariants)
+            _expand(ex, enc, index, add, status, sid, ml, bound, transition_invariants,
+                    seq_checks)
     except StateLimitExceeded:
         ex.exceeded = True
     ex.states = len(ex.keys)
@@ -219,9 +256,10 @@ def _expand(
     ml: bool,
     bound: int,
     transition_invariants: Sequence[EdgeCheck],
+    seq_checks: Sequence[StateCheck],
 ) -> None:
     """Apply every environment event to ``status`` (state ``sid``) and record the edges."""
-    seq, nodes, pods = status.seq, status.error_nodes, status.workers
+    seq, pods = status.seq, status.workers
     codes = enc.codes(status)
     own_key = ex.keys[sid]
     retries = status.retries
@@ -238,15 +276,21 @@ def _expand(
                 ex.edge_violations.setdefault(name, (sid, kind, event))
         if new is status:
             continue
-        if new.seq == seq and (new.error_nodes is nodes or new.error_nodes == nodes):
-            ncodes = [c if p is q else enc.pod_code(p, seq, nodes)
-                      for p, q, c in zip(new.workers, pods, codes, strict=True)]
-        else:
-            ncodes = enc.codes(new)
-        key = enc.key(new, ncodes)
-        if key == own_key:
-            continue
+        for name, inv in seq_checks:
+            if not inv(new) and name not in ex.edge_violations:
+                ex.edge_violations[name] = (sid, kind, event)
         term = new.phase in TERMINAL_PHASES
+        if term:
+            key = enc.terminal_key(new)
+        else:
+            if new.seq == seq:
+                ncodes = [c if p is q else enc.pod_code(p, seq)
+                          for p, q, c in zip(new.workers, pods, codes, strict=True)]
+            else:
+                ncodes = enc.codes(new)
+            key = enc.key(new, ncodes)
+            if key == own_key:
+                continue
         if not term and new.seq > bound:
             ex.cut_edges += 1
             ex.has_cut[sid] = 1

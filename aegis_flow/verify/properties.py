@@ -75,6 +75,10 @@ INVARIANTS: tuple[StateCheck, ...] = (
     ("WorkerSeqNumBound", worker_seq_bound),
 )
 
+#: The invariants that read what the explorer's key may drop (each worker's reported seq): the
+#: explorer checks them on every successor status, not only on the first of each key.
+SEQ_INVARIANTS: tuple[StateCheck, ...] = (("WorkerSeqNumBound", worker_seq_bound),)
+
 # --------------------------------------------------------------------------- transition invariants
 
 
@@ -135,8 +139,14 @@ def evaluate(ex: Exploration) -> list[Verdict]:
     out: list[Verdict] = []
     for name, _ in INVARIANTS:
         sid = ex.state_violations.get(name)
-        out.append(Verdict(name, "state", sid is None,
-                           [] if sid is None else trace(ex, path_to(ex, sid))))
+        edge = ex.edge_violations.get(name)  # an every-successor check (see SEQ_INVARIANTS)
+        if sid is not None:
+            out.append(Verdict(name, "state", False, trace(ex, path_to(ex, sid))))
+        elif edge is not None:
+            out.append(Verdict(name, "state", False,
+                               trace(ex, path_to(ex, edge[0]), (edge[1], edge[2]))))
+        else:
+            out.append(Verdict(name, "state", True))
     for name, _ in TRANSITION_INVARIANTS:
         hit = ex.edge_violations.get(name)
         if hit is None:
@@ -306,4 +316,5 @@ def _tarjan(succ: dict[int, list[int]]) -> dict[int, int]:
     return comp
 
 
-__all__ = ["INVARIANTS", "LIVENESS", "TRANSITION_INVARIANTS", "Verdict", "evaluate"]
+__all__ = ["INVARIANTS", "LIVENESS", "SEQ_INVARIANTS", "TRANSITION_INVARIANTS", "Verdict",
+           "evaluate"]

@@ -12,7 +12,7 @@ from typing import Any
 from aegis_flow.master.machine import Event, Status
 
 from .explorer import Config, Exploration, TraceStep, dump_lines, explore
-from .properties import INVARIANTS, TRANSITION_INVARIANTS, Verdict, evaluate
+from .properties import INVARIANTS, SEQ_INVARIANTS, TRANSITION_INVARIANTS, Verdict, evaluate
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Report:
 def verify(config: Config, *, dump: bool = False) -> Report:
     """Explore ``config`` with every property of ``properties.py`` and evaluate them."""
     ex = explore(config, invariants=INVARIANTS, transition_invariants=TRANSITION_INVARIANTS,
-                 dump=dump)
+                 every_successor=SEQ_INVARIANTS, dump=dump)
     return Report(ex, evaluate(ex))
 
 
@@ -125,7 +125,8 @@ def render_text(report: Report) -> str:
     lines = [
         f"model: workers={cfg.workers} max-retry={cfg.max_retry} flap-limit={cfg.flap_limit} "
         f"message-layer={'on' if cfg.message_layer else 'off'} {bound} "
-        f"symmetry={'on' if cfg.symmetry else 'off'}",
+        f"symmetry={'on' if cfg.symmetry else 'off'} "
+        f"exact={'on' if cfg.exact or ex.canonical_states is not None else 'off'}",
         f"distinct states: {ex.states:,}",
         f"transitions:     {ex.transitions:,}",
         f"max depth:       {ex.max_depth}",
@@ -174,7 +175,7 @@ def to_json(report: Report) -> dict[str, Any]:
         "config": {
             "workers": cfg.workers, "max_retry": cfg.max_retry, "flap_limit": cfg.flap_limit,
             "message_layer": cfg.message_layer, "seq_bound": cfg.seq_bound,
-            "symmetry": cfg.symmetry, "max_states": cfg.max_states,
+            "symmetry": cfg.symmetry, "exact": cfg.exact, "max_states": cfg.max_states,
         },
         "states": ex.states,
         "transitions": ex.transitions,
