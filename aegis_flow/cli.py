@@ -41,6 +41,11 @@ def _add_verify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    help="explore live states with master seq <= this bound (default 4)")
     p.add_argument("--symmetry", action="store_true",
                    help="reduce by symmetry over interchangeable workers (faster; counts differ)")
+    p.add_argument("--exact", action="store_true",
+                   help="keep each worker's reported seq in the state key: the concrete state "
+                   "graph, as --dump uses (slower; by default no decision reads those seqs, so "
+                   "they are dropped from the key and WorkerSeqNumBound is checked on every "
+                   "edge instead)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--dump", metavar="FILE",
                    help="write the reachable states in canonical form, one per line")
