@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from aegis_flow.local.runner import RunConfig, run_job
-from aegis_flow.local.status import render
+from aegis_flow.local.status import render, summary_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,11 +46,32 @@ def main(argv: list[str] | None = None) -> int:
         injections=(f"crash:rank=1:after={a.crash_after}",)))
     took = time.monotonic() - t0
     status_file = a.state_dir / "demo" / "status.json"
-    print("\n== summary ==")
+    print("\n== status ==")
     if status_file.exists():
-        print(render(status_file.read_bytes()))
-    print(f"\nexit code {rc} after {took:.1f} s")
+        print(render(status_file.read_bytes()).rsplit("\n", 1)[0])
+    print(f"exit code {rc} after {took:.1f} s")
+    picture = draw_picture(a.state_dir / "demo")
+    if picture is not None:
+        print(f"timeline picture: {picture} (aegis-flow report demo --state-dir {a.state_dir})")
+    print(f"fault log: {a.state_dir / 'demo' / 'logs' / 'faults.jsonl'} "
+          f"(aegis-flow logs demo --state-dir {a.state_dir})")
+    if status_file.exists():
+        print(f"\n== summary ==\n{summary_of(status_file.read_bytes())}")
     return rc
+
+
+def draw_picture(job_dir: Path) -> Path | None:
+    """The timeline picture of the demo job (None, said why, when it cannot be drawn)."""
+    from aegis_flow.master.faultlog import read_records
+
+    try:
+        records = read_records(job_dir / "logs")
+        from aegis_flow.report import draw_timeline
+
+        return draw_timeline(records, job_dir / "timeline.png", title="aegis-flow demo")
+    except (ImportError, OSError, ValueError) as exc:
+        print(f"no timeline picture: {exc}", file=sys.stderr)
+        return None
 
 
 if __name__ == "__main__":

@@ -184,7 +184,7 @@ class Supervisor:
                 "node_ip": os.environ.get("AEGIS_NODE_IP", self.cfg.pod_ip),
                 "gpu_type": self.gpu_type, "child_restarts": max(0, self.child_starts - 1),
                 "beat_lag": round(self.beats.lag, 4),
-                "step_rate": self.steps.rate(now) if running else None,
+                "step_rate": self.steps.rate(time.time()) if running else None,
                 "step": self.steps.last}
         await self._publish(self._msg(p.MsgType.ACK, self.seq, data))
         if self.last_report is not None and self.last_report.seq == self.seq:
@@ -344,7 +344,7 @@ class Supervisor:
             if self.progress is not None:
                 for step in self.progress.drain():
                     dog = dog.observe_progress(now, step)
-                    self.steps.observe(time.monotonic(), step)
+                    self.steps.observe(now, step)
             if child.last_output is not None:
                 dog = dog.observe_output(child.last_output)
             level = dog.check(now)

@@ -25,6 +25,8 @@ class StepRate:
     def observe(self, now: float, step: int) -> None:
         if self._samples and step < self._samples[-1][1]:
             self._samples.clear()  # a restarted run counts from its checkpoint again
+        if self._samples and now <= self._samples[-1][0]:
+            self._samples.pop()  # a batch read at one moment: keep its last step only
         self._samples.append((now, step))
         while self._samples and now - self._samples[0][0] > self.window:
             self._samples.popleft()
