@@ -76,6 +76,19 @@ class Job:
     def nats_url(self, job: str = "job") -> str:
         return (self.state_dir / job / "nats.url").read_text().strip()
 
+    def nats_options(self, job: str = "job", namespace: str = "default") -> dict[str, Any]:
+        """Connect options of a short-lived user with the master's permissions, minted from
+        the job's auth dir (NATS runs in operator mode unless --insecure-nats)."""
+        auth_dir = self.state_dir / job / "auth"
+        if not (auth_dir / "public.json").is_file():
+            return {}
+        from aegis_flow import protocol as p
+        from aegis_flow.security.issuer import master_permissions
+        from aegis_flow.security.operator import load, user_options
+
+        return user_options(load(auth_dir), master_permissions(p.Subjects(namespace, job)),
+                            name="test", now=time.time())
+
 
 def processes_mentioning(text: str) -> list[int]:
     """PIDs of live processes whose command line contains ``text`` (zombies excluded)."""

@@ -105,7 +105,7 @@ def test_garbage_and_foreign_messages_are_dropped_and_counted(tmp_path: Path) ->
     async def spam() -> None:
         import nats
 
-        nc = await nats.connect(job.nats_url())
+        nc = await nats.connect(job.nats_url(), **job.nats_options())
         foreign = p.Message(job="other", namespace="default", pod_name="x",
                             type=p.MsgType.ERROR, rank=0, seq=2, incarnation="i",
                             data={"cause": "evil"})
