@@ -429,3 +429,23 @@ def test_worker_init_bad_arguments_are_clear(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 2 and "AEGIS_NO_SUCH_TOKEN" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_a_revocation_written_to_the_config_takes_effect_on_reload(tmp_path: Path) -> None:
+    """The other path to revocation: the account revocation list in nats.conf + a server
+    reload (and so it also survives a server restart)."""
+    auth = operator.bootstrap(tmp_path / "auth")
+
+    async def go(srv: EmbeddedNats) -> None:
+        async with master(Server(srv.url, auth), "job-r") as (svc, _):
+            w, session = await worker(svc, "job-r", 0, tmp_path)
+            other, _ = await worker(svc, "job-r", 1, tmp_path)
+            operator.record_revocations(auth, [session.creds.public_key], now=time.time())
+            await asyncio.sleep(0.2)
+            assert not w.closed.is_set()  # nothing pushed: the server does not know yet
+            srv.reload()
+            await asyncio.wait_for(w.closed.wait(), 10)
+            assert other.nc.is_connected
+
+    with EmbeddedNats(tmp_path / "store", config_file=auth.write_server_config()) as srv:
+        asyncio.run(go(srv))

@@ -7,7 +7,7 @@ Side effects live in :class:`EmbeddedNats` only:
   server's log (default ``store_dir/nats-server.log``) and the ports file that nats-server writes
   into ``ports_file_dir`` (default ``store_dir``);
 * :meth:`EmbeddedNats.stop` signals and reaps that process, removes the ports file and releases
-  the lock.
+  the lock; :meth:`EmbeddedNats.reload` signals it (SIGHUP) to re-read its config file.
 
 :func:`find_nats_server` only looks at the filesystem.
 
@@ -283,6 +283,16 @@ class EmbeddedNats:
                 os.close(self._lock_fd)
             self._lock_fd = None
         return code
+
+    def reload(self) -> None:
+        """Ask the server to re-read its config file (SIGHUP): e.g. an operator-mode config
+        rewritten with a new account revocation list. Connections the new config no longer
+        allows are closed by the server."""
+        if not self.running or self._proc is None:
+            raise NatsServerError("the embedded nats-server is not running")
+        if self.config_file is None:
+            raise NatsServerError("this nats-server has no config file to reload")
+        self._proc.send_signal(signal.SIGHUP)
 
     def __enter__(self) -> EmbeddedNats:
         if self._proc is None:
