@@ -59,11 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_verify(sub)
     from aegis_flow.bundle import cli as bundle_cli
     from aegis_flow.local import cli as local_cli
+    from aegis_flow.security import cli as security_cli
     from aegis_flow.local import observe as observe_cli
     from aegis_flow.steps import cli as steps_cli
     from aegis_flow.templates import cli as argo_cli
 
     local_cli.add_parsers(sub)
+    security_cli.add_parsers(sub)
     observe_cli.add_parsers(sub)
     steps_cli.add_parsers(sub)
     argo_cli.add_parsers(sub)

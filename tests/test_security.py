@@ -268,3 +268,17 @@ def test_the_stub_check_catches_a_planted_proto_change(tmp_path: Path) -> None:
     fresh = generate.generate(tmp_path / "out", planted)
     differ = [f.name for f in fresh if f.read_bytes() != (generate.HERE / f.name).read_bytes()]
     assert "aegis_pb2.py" in differ and "aegis_pb2.pyi" in differ
+
+
+def test_nats_bootstrap_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from aegis_flow.cli import main
+
+    assert main(["nats-bootstrap", str(tmp_path / "keys")]) == 0
+    out = capsys.readouterr().out
+    assert "for the masters' Secret" in out and "keep offline: operator.seed" in out
+    conf = (tmp_path / "keys" / "nats.conf").read_text()
+    assert "resolver: MEMORY" in conf
+    assert os.stat(tmp_path / "keys" / "nats.conf").st_mode & 0o777 == 0o600
+    (tmp_path / "file").write_text("")
+    assert main(["nats-bootstrap", str(tmp_path / "file" / "keys")]) == 2
+    assert "nats-bootstrap" in capsys.readouterr().out
