@@ -281,4 +281,4 @@ def test_nats_bootstrap_command(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert os.stat(tmp_path / "keys" / "nats.conf").st_mode & 0o777 == 0o600
     (tmp_path / "file").write_text("")
     assert main(["nats-bootstrap", str(tmp_path / "file" / "keys")]) == 2
-    assert "nats-bootstrap" in capsys.readouterr().out
+    assert "nats-bootstrap" in capsys.readouterr().err

@@ -8,6 +8,7 @@ Thin: parse, call ``security.operator``. Side effects: those of :func:`operator.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ def _bootstrap(a: argparse.Namespace) -> int:
         auth = bootstrap(a.dir)
         conf = auth.write_server_config(a.config)
     except (OSError, AuthDirError) as exc:
-        print(f"aegis-flow nats-bootstrap: {exc}")
+        print(f"aegis-flow nats-bootstrap: {exc}", file=sys.stderr)
         return 2
     print(f"operator {auth.keys.operator}\naccount  {auth.keys.account} (aegis)\n"
           f"system   {auth.keys.system}\nserver config: {conf}  (nats-server -c {conf} -js)\n"
