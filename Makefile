@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test verify lint typecheck bench clean
+.PHONY: demo test verify lint typecheck bench clean proto
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -28,6 +28,9 @@ verify: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/verify_bench.py
+
+proto: $(STAMP)  # regenerate aegis_flow/rpc/aegis_pb2*.py from proto/aegis.proto (committed)
+	$(BIN)/python -m aegis_flow.rpc.generate
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache build *.egg-info
