@@ -72,18 +72,35 @@ async def _await_rendezvous(addr: str, port: int, timeout: float = 3.0) -> None:
 
     A client that connects before rank 0 listens is refused and backs off for up to a second
     inside torch; waiting here for the port keeps an in-place restart in the tens of ms.
+
+    Cancellation-safe: ``asyncio.wait_for`` (Python <= 3.11) returns or raises the inner result
+    when the inner attempt and a cancellation of this task meet, so a loop around it with an
+    ``except OSError`` swallowed the cancellation of an order that had been superseded (the old
+    run order then started its command late and reported under the new order's seq).
+    ``asyncio.wait`` never swallows it.
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        attempt = asyncio.ensure_future(asyncio.open_connection(addr, port))
+        attempt.add_done_callback(_retrieve)
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(addr, port), 0.2)
-        except (OSError, asyncio.TimeoutError):
-            await asyncio.sleep(0.003)
-            continue
-        writer.close()
-        with contextlib.suppress(Exception):
-            await writer.wait_closed()
-        return
+            await asyncio.wait({attempt}, timeout=0.2)
+        finally:
+            if not attempt.done():
+                attempt.cancel()
+        if attempt.done() and not attempt.cancelled() and attempt.exception() is None:
+            writer = attempt.result()[1]
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            return
+        await asyncio.sleep(0.003)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a finished attempt's exception as seen (no 'never retrieved' warning)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _lossy_from_env(rank: int) -> Callable[[p.Message], bool] | None:
@@ -170,8 +187,13 @@ class Supervisor:
             await self.nc.publish(self.subjects.master, msg.encode())
             await self.nc.flush(timeout=1)
 
-    async def report(self, mtype: p.MsgType, data: dict[str, Any]) -> None:
-        msg = self._msg(mtype, self.seq, data)
+    async def report(self, mtype: p.MsgType, data: dict[str, Any], *, seq: int) -> None:
+        """Report the outcome of the order ``seq``; dropped when a newer order superseded it
+        (an old activity must never answer for the current order)."""
+        if seq != self.seq:
+            _warn(f"dropped a {mtype.value} for superseded order {seq} (now {self.seq})")
+            return
+        msg = self._msg(mtype, seq, data)
         self.last_report = msg
         await self._publish(msg)
 
@@ -245,7 +267,7 @@ class Supervisor:
                 if inj.fires("checkfail", self.cfg.rank, epoch, order, self.cfg.work_dir, i):
                     ok, fault, detail = False, inj.fault, f"injected {inj.fault} fault"
             await self.report(p.MsgType.FINISH, {"ok": ok, "fault": fault, "detail": detail,
-                                                 **extra})
+                                                 **extra}, seq=msg.seq)
         elif order == "run":
             self.phase = "RunCommand"
             await self._stop_child()
@@ -295,13 +317,16 @@ class Supervisor:
             env = inj.prepare_env(env)
         if self.cfg.rank != 0 and msg is not None and msg.data.get("rendezvous"):
             await _await_rendezvous(env["MASTER_ADDR"], int(env["MASTER_PORT"]))
+        if msg is not None and msg.seq != self.seq:
+            return  # a newer order came while waiting: never start the command for this one
         try:
             self.child = await self._start(env)
             self.child_starts += 1
             self.steps.reset()
         except OSError as exc:
-            await self.report(p.MsgType.ERROR, {"cause": f"cannot start command: {exc}",
-                                                "code": 127})
+            if msg is not None:
+                await self.report(p.MsgType.ERROR, {"cause": f"cannot start command: {exc}",
+                                                    "code": 127}, seq=msg.seq)
             return
         killers = [asyncio.ensure_future(i.kill_later(self.child)) for i in active]
         watch = asyncio.ensure_future(self._watch_hang(self.child))
@@ -315,14 +340,15 @@ class Supervisor:
         if msg is None:
             return
         if status.ok:
-            await self.report(p.MsgType.FINISH, {"ok": True, "detail": "command exited 0"})
+            await self.report(p.MsgType.FINISH, {"ok": True, "detail": "command exited 0"},
+                              seq=msg.seq)
         else:
             cause = self._classify(status.tail)
             text = status.cause if not cause.known else f"{status.cause} ({cause.code})"
             await self.report(p.MsgType.ERROR, {
                 "cause": text, "code": status.code, "signal": status.signal,
                 "cause_code": cause.code, "cause_class": cause.klass,
-                "tail": list(status.tail)[-10:], "ended_at": ended_at})
+                "tail": list(status.tail)[-10:], "ended_at": ended_at}, seq=msg.seq)
 
     def _classify(self, lines: tuple[str, ...]) -> Cause:
         try:
@@ -355,12 +381,12 @@ class Supervisor:
             reported = level
             if level == "hang":
                 _warn(f"no progress for {dog.idle(now):.0f} s: reporting a hang (kept running)")
-                await self._publish(self._msg(p.MsgType.HANG, self.seq, {"idle": dog.idle(now)}))
+                await self._publish(self._msg(p.MsgType.HANG, seq, {"idle": dog.idle(now)}))
             else:
                 stacks = await asyncio.get_running_loop().run_in_executor(
                     None, collect_stacks, child.pid)
                 _warn(f"no progress for {dog.idle(now):.0f} s: asking to restart")
-                await self._publish(self._msg(p.MsgType.HANG_WITH_QUIT, self.seq, {
+                await self._publish(self._msg(p.MsgType.HANG_WITH_QUIT, seq, {
                     "idle": dog.idle(now), "stacks": stacks[-4000:]}))
 
     def _check_starters(self) -> list[Any]:

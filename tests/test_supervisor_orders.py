@@ -1,0 +1,131 @@
+"""The supervisor's order handling: a superseded order never answers for the current one.
+
+Regression for a flaky T10 end-to-end test: rank 1 waited for rank 0's rendezvous port when the
+troubleshoot order came; ``asyncio.wait_for`` inside that wait swallowed the cancellation, so
+the old *run* activity went on, started the command late and, when it exited 0, reported
+Finish(ok) under the troubleshoot's seq — the master took it as "rank 1 passed its checks" and
+the real (failing) check result arrived as a duplicate. Real child processes; the NATS
+connection is an in-memory recorder (the supervisor only calls publish/flush on it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aegis_flow import protocol as p
+from aegis_flow.master.runtime import free_port
+from aegis_flow.supervisor import agent
+from aegis_flow.supervisor.agent import Supervisor, WorkerConfig, _await_rendezvous
+from tests.jobs import SLEEPER
+
+
+class RecordingConnection:
+    """Stands in for nats.aio.client.Client: records what the supervisor publishes."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        self.sent.append(json.loads(payload))
+
+    async def flush(self, timeout: float = 1.0) -> None:
+        return None
+
+
+def _order(seq: int, order: str, **data: Any) -> bytes:
+    msg = p.Message(job="j", namespace="default", pod_name="master", type=p.MsgType.ORDER,
+                    rank=-1, seq=seq, data={"order": order, "restart_count": 0, **data},
+                    timestamp=0.0)
+    return msg.encode()
+
+
+def test_waiting_for_the_rendezvous_never_swallows_a_cancellation() -> None:
+    """Cancel the wait at random moments, many times: every cancellation must propagate.
+    (The old loop around ``asyncio.wait_for`` lost about one in ten here.)"""
+    port = free_port()  # nothing listens: every attempt is refused at once
+    rng = random.Random(4)
+
+    async def main() -> list[str]:
+        outcomes = []
+        for _ in range(200):
+            task = asyncio.ensure_future(_await_rendezvous("127.0.0.1", port, timeout=5.0))
+            await asyncio.sleep(rng.uniform(0, 0.01))
+            task.cancel()
+            try:
+                await asyncio.wait_for(asyncio.shield(task), 2.0)
+                outcomes.append("returned")
+            except asyncio.CancelledError:
+                outcomes.append("cancelled")
+            except asyncio.TimeoutError:  # went on waiting: the cancellation was lost
+                outcomes.append("swallowed")
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        return outcomes
+
+    outcomes = asyncio.run(main())
+    assert outcomes.count("cancelled") == 200, {o: outcomes.count(o) for o in set(outcomes)}
+
+
+def test_an_order_superseded_while_waiting_for_the_rendezvous_neither_runs_nor_reports(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 gets run (seq 2), then troubleshoot (seq 3) while it still waits for rank 0's
+    store: the only report for seq 3 is the troubleshoot's, and the command never starts.
+    The wait here is the old bug planted on purpose (it ignores its cancellation), so the seq
+    guard alone must keep the superseded order silent."""
+    async def stubborn(addr: str, port: int, timeout: float = 3.0) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0.6)
+        await asyncio.sleep(0.4)
+
+    monkeypatch.setattr(agent, "_await_rendezvous", stubborn)
+    marker = tmp_path / "started"
+    cmd = (sys.executable, "-c", f"open({str(marker)!r}, 'w').close()")
+
+    async def failing_checks(order: str, cfg: WorkerConfig) -> tuple[bool, str | None, str]:
+        await asyncio.sleep(0.3)
+        return False, "hardware", f"{order}: planted hardware fault"
+
+    async def main() -> list[dict[str, Any]]:
+        sup = Supervisor(WorkerConfig(command=cmd, job="j", rank=1, world_size=2,
+                                      work_dir=str(tmp_path), prewarm=False),
+                         checks=failing_checks)
+        nc = RecordingConnection()
+        sup.nc = nc
+        port = free_port()  # rank 0's store never comes up
+        await sup.on_order(_order(2, "run", rendezvous={"addr": "127.0.0.1", "port": port}))
+        await asyncio.sleep(0.2)  # rank 1 is inside the rendezvous wait now
+        await sup.on_order(_order(3, "troubleshoot"))
+        await asyncio.sleep(1.5)  # past the end of the stubborn wait
+        assert sup.activity is not None
+        await sup.activity
+        return [m for m in nc.sent if m["type"] != p.MsgType.ACK.value]
+
+    reports = asyncio.run(main())
+    got = [(m["type"], m["seq"], m["data"]["ok"]) for m in reports]
+    assert got == [(p.MsgType.FINISH.value, 3, False)]
+    assert reports[0]["data"]["fault"] == "hardware"
+    assert not marker.exists(), "the superseded run order started the command"
+
+
+def test_a_report_for_a_superseded_order_is_dropped(tmp_path: Path) -> None:
+    async def main() -> list[dict[str, Any]]:
+        sup = Supervisor(WorkerConfig(command=(sys.executable, SLEEPER, "0"), job="j", rank=0,
+                                      world_size=1, work_dir=str(tmp_path), prewarm=False))
+        sup.nc = nc = RecordingConnection()
+        sup.seq = 5
+        await sup.report(p.MsgType.FINISH, {"ok": True}, seq=4)
+        assert sup.last_report is None
+        await sup.report(p.MsgType.FINISH, {"ok": False}, seq=5)
+        return nc.sent
+
+    sent = asyncio.run(main())
+    assert [(m["seq"], m["data"]["ok"]) for m in sent] == [(5, False)]
