@@ -39,8 +39,11 @@ def _add_verify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    help="model lost, duplicated and stale messages and sequence numbers")
     p.add_argument("--seq-bound", type=positive_int, default=4,
                    help="explore live states with master seq <= this bound (default 4)")
-    p.add_argument("--symmetry", action="store_true",
-                   help="reduce by symmetry over interchangeable workers (faster; counts differ)")
+    p.add_argument("--symmetry", action=argparse.BooleanOptionalAction, default=None,
+                   help="reduce by symmetry over interchangeable workers: states that differ only "
+                   "by which worker is which are one (default: on, except with --dump, which "
+                   "lists concrete states; use --no-symmetry to compare counts with another "
+                   "tool)")
     p.add_argument("--exact", action="store_true",
                    help="keep each worker's reported seq in the state key: the concrete state "
                    "graph, as --dump uses (slower; by default no decision reads those seqs, so "
@@ -58,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_verify(sub)
     from aegis_flow.bundle import cli as bundle_cli
+    from aegis_flow.k8s import cli as k8s_cli
     from aegis_flow.local import cli as local_cli
     from aegis_flow.security import cli as security_cli
     from aegis_flow.local import observe as observe_cli
@@ -70,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     steps_cli.add_parsers(sub)
     argo_cli.add_parsers(sub)
     bundle_cli.add_parsers(sub)
+    k8s_cli.add_parsers(sub)
     return parser
 
 

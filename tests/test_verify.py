@@ -252,3 +252,17 @@ def test_cycle_finder_is_iterative_and_exact() -> None:
     n = 20_000  # a long chain closing on itself: recursion would overflow the stack
     cycle = _find_cycle(n, *edges([(i, (i + 1) % n) for i in range(n)]))
     assert cycle is not None and cycle[0] == cycle[-1] == 0 and len(cycle) == n + 1
+
+
+def test_cli_symmetry_is_on_by_default_and_off_for_dumps(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["verify", "--workers", "2", "--max-retry", "1", "--seq-bound", "2", "--json"]
+    assert main(base) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["symmetry"] is True
+    assert main([*base, "--no-symmetry"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert plain["config"]["symmetry"] is False
+    assert main([*base, "--dump", str(tmp_path / "s.txt")]) == 0
+    dumped = json.loads(capsys.readouterr().out)
+    assert dumped["config"]["symmetry"] is False and dumped["config"]["exact"] is True
+    assert dumped["states"] > plain["states"]  # a dump keys by the exact state: more of them

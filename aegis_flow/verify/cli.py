@@ -16,6 +16,13 @@ from .explorer import Config
 from .report import render_text, to_json, verify
 
 
+def resolve_symmetry(args: argparse.Namespace) -> bool:
+    """``--symmetry``/``--no-symmetry`` as given; unset means on, except with ``--dump``."""
+    if args.symmetry is None:
+        return not args.dump
+    return bool(args.symmetry)
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
     """The model described by the parsed ``verify`` arguments (see ``aegis_flow/cli.py``)."""
     return Config(
@@ -24,7 +31,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         flap_limit=args.flap_limit,
         message_layer=bool(args.message_layer),
         seq_bound=args.seq_bound,
-        symmetry=bool(args.symmetry),
+        symmetry=resolve_symmetry(args),
         exact=bool(getattr(args, "exact", False)),
         max_states=args.max_states,
     )
@@ -66,4 +73,4 @@ def run_verify(args: argparse.Namespace, *, out: TextIO | None = None,
     return report.exit_code()
 
 
-__all__ = ["config_from_args", "run_verify"]
+__all__ = ["config_from_args", "resolve_symmetry", "run_verify"]

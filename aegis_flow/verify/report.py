@@ -175,7 +175,8 @@ def to_json(report: Report) -> dict[str, Any]:
         "config": {
             "workers": cfg.workers, "max_retry": cfg.max_retry, "flap_limit": cfg.flap_limit,
             "message_layer": cfg.message_layer, "seq_bound": cfg.seq_bound,
-            "symmetry": cfg.symmetry, "exact": cfg.exact, "max_states": cfg.max_states,
+            "symmetry": cfg.symmetry, "exact": cfg.exact or ex.canonical_states is not None,
+            "max_states": cfg.max_states,
         },
         "states": ex.states,
         "transitions": ex.transitions,
