@@ -73,7 +73,7 @@ def attempt_template(spec: JobSpec) -> Steps:
                  with_param=BAD_NODES, continue_on=m.ContinueOn(failed=True),
                  arguments=[Parameter(name="node", value="{{item}}")]),
             Step(name="quarantine", template=c.QUARANTINE, when=quarantine_when,
-                 with_param=BAD_NODES,
+                 with_param=BAD_NODES, continue_on=m.ContinueOn(failed=True),
                  arguments=[Parameter(name="node", value="{{item}}"),
                             Parameter(name="reason",
                                       value="{{workflow.name}} attempt " + c.inp("attempt"))]),
@@ -112,7 +112,7 @@ def build_workflow(spec: JobSpec) -> Workflow:
         templates=[
             main_template(spec), master_template(spec), attempt_template(spec),
             bootcheck_template(spec), worker_template(spec), verdict_template(spec),
-            troubleshoot_template(spec), quarantine_template(), give_up_template(spec),
+            troubleshoot_template(spec), quarantine_template(spec), give_up_template(spec),
             report_template(spec),
         ],
     )

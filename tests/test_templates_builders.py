@@ -134,10 +134,14 @@ def test_bootcheck_and_troubleshoot_call_aegis_flow_check() -> None:
     assert {"key": "aegis.io/quarantined", "operator": "Exists"} in t["tolerations"]
 
 
-def test_quarantine_labels_the_node() -> None:
-    q = built(quarantine_template())
-    assert q["resource"]["action"] == "patch" and q["resource"]["mergeStrategy"] == "merge"
-    assert "aegis.io/quarantined: 'true'" in q["resource"]["manifest"]
+def test_quarantine_runs_the_nodes_cli_and_records_the_result() -> None:
+    q = built(quarantine_template(SPEC))
+    cmd = q["container"]["command"]
+    assert cmd[:4] == ["aegis-flow", "nodes", "quarantine", "{{inputs.parameters.node}}"]
+    record = cmd[cmd.index("--record") + 1]
+    assert q["outputs"]["parameters"] == [
+        {"name": "record", "valueFrom": {"path": record, "default": "[]"}}]
+    assert q["retryStrategy"]["limit"] == "2"
     assert built(report_template(SPEC))["script"]["command"] == ["python"]
 
 

@@ -1,4 +1,4 @@
-"""The recovery phases: quarantine (label a node), resume (the recursive attempt step),
+"""The recovery phases: quarantine (label and taint a node), resume (the recursive attempt step),
 give-up (end a failed attempt visibly) and report (onExit).
 
 PURE: returns Hera templates and steps; nothing is submitted.
@@ -6,27 +6,33 @@ PURE: returns Hera templates and steps; nothing is submitted.
 
 from __future__ import annotations
 
-from hera.workflows import Container, Env, Parameter, Resource, Script, Step
+from hera.workflows import Container, Env, Parameter, RetryStrategy, Script, Step
+from hera.workflows import models as m
 
 from aegis_flow.jobspec import JobSpec
 from aegis_flow.templates import common as c
 from aegis_flow.templates import contract
 
+QUARANTINE_RECORD = f"{contract.OUTCOME_DIR}/quarantine.json"
 
-def quarantine_template() -> Resource:
-    """Label one node ``aegis.io/quarantined=true`` (merge patch; needs nodes get/patch RBAC).
 
-    The worker and check pods' required node affinity keeps them off it from then on. Tainting
-    and releasing are ``aegis-flow nodes`` (not built yet).
-    """
-    manifest = (
-        "apiVersion: v1\nkind: Node\nmetadata:\n"
-        f"  name: '{c.inp('node')}'\n"
-        f"  labels:\n    {c.QUARANTINE_LABEL}: 'true'\n"
-        f"  annotations:\n    aegis.io/quarantine-reason: '{c.inp('reason')}'\n"
-        "    aegis.io/quarantined-by: '{{workflow.name}}'\n")
-    return Resource(name=c.QUARANTINE, action="patch", merge_strategy="merge",
-                    manifest=manifest, inputs=c.params("node", "reason"))
+def quarantine_template(spec: JobSpec) -> Container:
+    """Quarantine one node with ``aegis-flow nodes quarantine`` (the kubernetes client: label,
+    taint and annotate it; needs the nodes get/patch RBAC of ``aegis-flow install``). The
+    record — node, reason, time, by — is the step's ``record`` output, so the job's status in
+    Argo shows every node it quarantined. Transient API errors are retried."""
+    return Container(
+        name=c.QUARANTINE, image=spec.aegis_image,
+        command=["aegis-flow", "nodes", "quarantine", c.inp("node"),
+                 "--reason", c.inp("reason"), "--by", "{{workflow.name}}",
+                 "--record", QUARANTINE_RECORD],
+        inputs=c.params("node", "reason"),
+        outputs=[Parameter(name="record", value_from=m.ValueFrom(path=QUARANTINE_RECORD,
+                                                                 default="[]"))],
+        retry_strategy=RetryStrategy(limit="2", retry_policy="OnFailure",
+                                     backoff=m.Backoff(duration="5s", factor=m.IntOrString("2"))),
+        resources=m.ResourceRequirements(requests={"cpu": "100m", "memory": "128Mi"}),  # type: ignore[dict-item]
+    )
 
 
 def resume_step() -> Step:

@@ -1,0 +1,76 @@
+"""The one interface to the cluster that quarantine needs, and an in-memory fake of it.
+
+``NodeApi`` is what ``aegis-flow nodes`` and the quarantine step call; ``client.KubeNodeApi``
+implements it with the ``kubernetes`` package, ``FakeNodeApi`` in memory (for tests and for
+trying the CLI without a cluster). The fake has no side effects outside itself.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from aegis_flow.k8s.nodes import NodeInfo, merge_patch
+
+
+class NodeApiError(Exception):
+    """A cluster call failed. ``retryable``: trying again may help (a 5xx, a timeout)."""
+
+    def __init__(self, message: str, *, retryable: bool = False, status: int | None = None
+                 ) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status
+
+
+class NodeNotFound(NodeApiError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"node {name!r} not found (kubectl get nodes lists them)", status=404)
+        self.name = name
+
+
+class NodeApi(Protocol):
+    def list_nodes(self, label_selector: str | None = None) -> list[NodeInfo]: ...
+
+    def get_node(self, name: str) -> NodeInfo: ...
+
+    def patch_node(self, name: str, body: dict[str, Any]) -> NodeInfo:
+        """Apply a JSON merge patch to the node; return the node as it is afterwards."""
+        ...
+
+
+class FakeNodeApi:
+    """Nodes as plain API-shaped dicts; patches applied as JSON merge patches."""
+
+    def __init__(self, nodes: Iterable[dict[str, Any]] = ()) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {n["metadata"]["name"]: copy.deepcopy(n)
+                                                 for n in nodes}
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+
+    @staticmethod
+    def node(name: str, *, labels: dict[str, str] | None = None,
+             taints: list[dict[str, str]] | None = None, ready: bool = True) -> dict[str, Any]:
+        return {"metadata": {"name": name, "labels": dict(labels or {})},
+                "spec": {"taints": list(taints or [])},
+                "status": {"conditions": [{"type": "Ready",
+                                           "status": "True" if ready else "False"}]}}
+
+    def list_nodes(self, label_selector: str | None = None) -> list[NodeInfo]:
+        out = [NodeInfo.from_dict(n) for _, n in sorted(self.nodes.items())]
+        if label_selector:  # the forms we use: "key" and "key=value"
+            key, _, value = label_selector.partition("=")
+            out = [n for n in out if key in n.labels and (not value or n.labels[key] == value)]
+        return out
+
+    def get_node(self, name: str) -> NodeInfo:
+        if name not in self.nodes:
+            raise NodeNotFound(name)
+        return NodeInfo.from_dict(self.nodes[name])
+
+    def patch_node(self, name: str, body: dict[str, Any]) -> NodeInfo:
+        if name not in self.nodes:
+            raise NodeNotFound(name)
+        self.patches.append((name, copy.deepcopy(body)))
+        self.nodes[name] = merge_patch(self.nodes[name], body)
+        return NodeInfo.from_dict(self.nodes[name])

@@ -1,0 +1,110 @@
+"""``aegis-flow nodes list|quarantine|release`` and ``aegis-flow install``: thin, over
+``ops``, ``client`` and ``install``.
+
+Side effects: Kubernetes API calls (nodes), or reading/writing the ``--fake-cluster`` JSON
+file instead; writing ``--record``/``-o`` files; printing. ``kubernetes`` loads only when a
+command talks to a real cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from aegis_flow.k8s.api import FakeNodeApi, NodeApi, NodeApiError
+from aegis_flow.k8s.nodes import Record
+
+
+def add_parsers(sub: Any) -> None:
+    n = sub.add_parser("nodes", help="list, quarantine and release Kubernetes nodes",
+                       description="Quarantine labels the node aegis.io/quarantined=true, "
+                       "taints it aegis.io/quarantined=true:NoSchedule and annotates the "
+                       "reason, time and who; release removes exactly that. Each NODE is "
+                       "handled on its own; exit 1 if any failed.")
+    n.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then "
+                   "$KUBECONFIG / ~/.kube/config)")
+    n.add_argument("--context", help="kubeconfig context")
+    n.add_argument("--fake-cluster", type=Path, metavar="FILE",
+                   help="operate on a JSON list of Node objects in FILE instead of a cluster")
+    n.add_argument("--json", action="store_true", help="print JSON")
+    ns = n.add_subparsers(dest="nodes_command", metavar="ACTION", required=True)
+    ls = ns.add_parser("list", help="quarantined nodes (--all: every node)")
+    ls.add_argument("--all", action="store_true")
+    q = ns.add_parser("quarantine", help="quarantine NODE...")
+    q.add_argument("names", nargs="+", metavar="NODE")
+    q.add_argument("--reason", required=True, help="why (kept in an annotation)")
+    q.add_argument("--by", default=os.environ.get("AEGIS_JOB") or os.environ.get("USER")
+                   or "aegis-flow", help="who quarantines (default: $AEGIS_JOB or $USER)")
+    q.add_argument("--no-taint", dest="taint", action="store_false",
+                   help="label only (aegis-flow pods avoid it; other pods may still land)")
+    q.add_argument("--record", metavar="FILE",
+                   help="also write the records as JSON to FILE (the workflow step output)")
+    r = ns.add_parser("release", help="release NODE...")
+    r.add_argument("names", nargs="+", metavar="NODE")
+    n.set_defaults(handler=handle_nodes)
+
+
+def _api(args: argparse.Namespace) -> NodeApi:
+    if args.fake_cluster is not None:
+        try:
+            return FakeNodeApi(json.loads(args.fake_cluster.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise NodeApiError(f"--fake-cluster {args.fake_cluster}: {exc}") from None
+    from aegis_flow.k8s.client import KubeNodeApi
+
+    return KubeNodeApi.connect(kubeconfig=args.kubeconfig, context=args.context)
+
+
+def _save(args: argparse.Namespace, api: NodeApi) -> None:
+    if args.fake_cluster is not None and isinstance(api, FakeNodeApi):
+        args.fake_cluster.write_text(json.dumps(list(api.nodes.values()), indent=1))
+
+
+def _print_records(records: list[Record], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([r.to_dict() for r in records], indent=1))
+        return
+    for r in records:
+        detail = r.error or " ".join(x for x in (r.reason and f"reason={r.reason!r}",
+                                                 r.at and f"at={r.at}", r.by and f"by={r.by}")
+                                     if x)
+        print(f"{r.node:<32} {r.action:<20} {detail}")
+
+
+def handle_nodes(args: argparse.Namespace) -> int:
+    from aegis_flow.k8s import ops
+
+    try:
+        api = _api(args)
+        if args.nodes_command == "list":
+            nodes = api.list_nodes(None if args.all else "aegis.io/quarantined")
+            if args.json:
+                print(json.dumps([{"name": n.name, "quarantined": n.quarantined,
+                                   "reason": n.reason, "since": n.since, "by": n.by,
+                                   "ready": n.ready} for n in nodes], indent=1))
+            else:
+                print(f"{'NODE':<32} {'READY':<6} {'QUARANTINED':<12} {'SINCE':<21} REASON")
+                for n in nodes:
+                    print(f"{n.name:<32} {str(n.ready).lower():<6} "
+                          f"{str(n.quarantined).lower():<12} {n.since or '-':<21} "
+                          f"{n.reason or '-'}")
+            return 0
+        if args.nodes_command == "quarantine":
+            records = ops.quarantine(api, args.names, reason=args.reason, now=time.time(),
+                                     by=args.by, taint=args.taint)
+            if args.record:
+                Path(args.record).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.record).write_text(json.dumps([r.to_dict() for r in records]))
+        else:
+            records = ops.release(api, args.names)
+        _save(args, api)
+    except NodeApiError as exc:
+        print(f"aegis-flow nodes: {exc}", file=sys.stderr)
+        return 2
+    _print_records(records, args.json)
+    return 1 if any(r.error for r in records) else 0

@@ -1,0 +1,90 @@
+"""``KubeNodeApi``: the ``NodeApi`` Protocol over the ``kubernetes`` client.
+
+Side effects: HTTP calls to the Kubernetes API server (nodes get/list/patch). Patches are
+sent as ``application/merge-patch+json`` (the bodies in ``nodes.py`` are JSON merge patches);
+without that header the client would pick JSON Patch, which takes a list. The ``kubernetes``
+package is imported only here, when a client is made.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aegis_flow.k8s.api import NodeApiError, NodeNotFound
+from aegis_flow.k8s.nodes import NodeInfo
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class KubeNodeApi:
+    def __init__(self, core_v1: Any) -> None:
+        self.core = core_v1
+
+    @classmethod
+    def connect(cls, *, kubeconfig: str | None = None, context: str | None = None
+                ) -> KubeNodeApi:
+        """In a pod: its service account; elsewhere: the kubeconfig (``$KUBECONFIG``)."""
+        from kubernetes import client
+        from kubernetes import config as kube_config
+
+        config: Any = kube_config  # untyped package
+        try:
+            if kubeconfig or context:
+                config.load_kube_config(config_file=kubeconfig, context=context)
+            else:
+                try:
+                    config.load_incluster_config()
+                except config.ConfigException:
+                    config.load_kube_config()
+        except (config.ConfigException, OSError) as exc:
+            raise NodeApiError(f"no Kubernetes configuration: {exc} (give --kubeconfig, or "
+                               "run in a pod with a service account)") from None
+        return cls(client.CoreV1Api())
+
+    @classmethod
+    def from_host(cls, host: str, *, token: str | None = None, verify_ssl: bool = True
+                  ) -> KubeNodeApi:
+        """A client for one API server URL (tests point it at a local recorder)."""
+        from kubernetes import client
+
+        cfg = client.Configuration(host=host)
+        cfg.verify_ssl = verify_ssl
+        if token:
+            cfg.api_key = {"authorization": token}
+            cfg.api_key_prefix = {"authorization": "Bearer"}
+        return cls(client.CoreV1Api(client.ApiClient(cfg)))
+
+    def _info(self, node: Any) -> NodeInfo:
+        return NodeInfo.from_dict(self.core.api_client.sanitize_for_serialization(node))
+
+    def _call(self, what: str, name: str | None, fn: Any, *args: Any, **kw: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return fn(*args, **kw)
+        except ApiException as exc:
+            if exc.status == 404 and name is not None:
+                raise NodeNotFound(name) from None
+            retryable = exc.status is None or exc.status >= 500 or exc.status == 429
+            hint = (" (the service account needs nodes get/list/patch: aegis-flow install)"
+                    if exc.status in (401, 403) else "")
+            raise NodeApiError(f"{what}: HTTP {exc.status} {exc.reason}{hint}",
+                               retryable=retryable, status=exc.status) from None
+        except OSError as exc:
+            raise NodeApiError(f"{what}: {exc}", retryable=True) from None
+        except Exception as exc:  # urllib3 errors are not OSErrors in every version
+            if type(exc).__module__.startswith("urllib3"):
+                raise NodeApiError(f"{what}: {exc}", retryable=True) from None
+            raise
+
+    def list_nodes(self, label_selector: str | None = None) -> list[NodeInfo]:
+        kw = {"label_selector": label_selector} if label_selector else {}
+        got = self._call("list nodes", None, self.core.list_node, **kw)
+        return [self._info(n) for n in got.items]
+
+    def get_node(self, name: str) -> NodeInfo:
+        return self._info(self._call(f"get node {name}", name, self.core.read_node, name))
+
+    def patch_node(self, name: str, body: dict[str, Any]) -> NodeInfo:
+        return self._info(self._call(f"patch node {name}", name, self.core.patch_node, name,
+                                     body, _content_type=MERGE_PATCH))
