@@ -41,6 +41,11 @@ def _num(value: Any) -> float | None:
     return float(value)
 
 
+def shown_phase(pod: m.PodInfo) -> m.Phase:
+    """A worker's phase as people see it: Restarting while it is being replaced (pure)."""
+    return m.Phase.RESTARTING if pod.restarting else pod.phase
+
+
 def check_samples(data: dict[str, Any]) -> list[tuple[str, str, float]]:
     """(check_type, outcome, seconds) of every check result a Finish carries (pure)."""
     out = []
@@ -153,8 +158,8 @@ class Observer:
             v = self.views[pod.rank]
             v.phase_since = now
             v.node, v.pod_ip = pod.node or v.node, pod.pod_ip or v.pod_ip
-            self._line("phase_start", now, pod.phase.value, f"{pod.phase.value} ({how})",
-                       rank=pod.rank)
+            self._line("phase_start", now, shown_phase(pod).value,
+                       f"{shown_phase(pod).value} ({how})", rank=pod.rank)
         if status.phase is not m.Phase.PENDING:
             self._gpu_frozen = self.gpu_type
         self._gauges(None, status)
@@ -219,11 +224,12 @@ class Observer:
         if after is before:
             return
         for b, a in zip(before.workers, after.workers, strict=True):
-            if b.phase is not a.phase:
+            old, new = shown_phase(b), shown_phase(a)
+            if old is not new:
                 v = self.views[a.rank]
-                self._line("phase_end", now, b.phase.value, f"{b.phase.value} ended after "
+                self._line("phase_end", now, old.value, f"{old.value} ended after "
                            f"{now - v.phase_since:.3f} s", rank=a.rank)
-                self._line("phase_start", now, a.phase.value, f"{a.phase.value}", rank=a.rank)
+                self._line("phase_start", now, new.value, new.value, rank=a.rank)
                 v.phase_since = now
         if before.phase is not after.phase:
             self._phase_change(before, after, event, data, now)
@@ -293,6 +299,8 @@ class Observer:
             else:
                 cause = failure_cause(event, data)
                 text, detect = self._detection(event, data, now)
+                if isinstance(event, m.Lost) and mt is not None:
+                    mt.up.labels(self.job, self.namespace, str(rank)).set(0)
                 if detect is not None and mt is not None:
                     kind = {"Error": "error", "Lost": "lost"}.get(type(event).__name__, "hang")
                     mt.time_to_detect.labels(kind, gpu, self.worker_num).observe(detect)
