@@ -30,7 +30,7 @@
 (* Live states whose seq exceeds SeqBound are not entered; terminal ones   *)
 (* always are (as `aegis-flow verify --seq-bound`).                        *)
 (***************************************************************************)
-EXTENDS Naturals, FiniteSets
+EXTENDS Naturals, FiniteSets, TLC
 
 CONSTANTS Workers,      \* the ranks, e.g. {w1, w2, w3}; ordered by name
           MaxRetry,     \* counted failures a worker may have before T11
@@ -322,13 +322,18 @@ Next == (\E e \in Events(st) : Deliver(e)) \/ Done
 \* Fairness for the termination property: the connect timeout fires, every
 \* worker eventually reports its check/command passing, and a worker being
 \* replaced eventually comes back as a new pod.
-FinishOk(x) == LET e == FinishE(x, st.seq, TRUE, "none", "normal")
-               IN  e \in Events(st) /\ Deliver(e) /\ st' # st
-ComesBack(x) == LET e == AckE(x, TRUE, IF MessageLayer THEN 0 ELSE st.seq, "normal")
-                IN  st.w[x].restarting /\ e \in Events(st) /\ Deliver(e) /\ st' # st
-TimesOut == TimeoutE \in Events(st) /\ Deliver(TimeoutE)
+FinishOk(x) == /\ st.phase \in Checking \cup {"RunCommand"}
+               /\ ~st.w[x].finished /\ ~st.w[x].restarting
+               /\ Deliver(FinishE(x, st.seq, TRUE, "none", "normal"))
+               /\ st' # st
+ComesBack(x) == /\ st.phase = "Restarting" /\ st.w[x].restarting
+                /\ Deliver(AckE(x, TRUE, IF MessageLayer THEN 0 ELSE st.seq, "normal"))
+                /\ st' # st
+TimesOut == st.phase = "Pending" /\ Deliver(TimeoutE)
 
 vars == st
+\* Workers are interchangeable (P0.cfg: SYMMETRY Symmetry; never with -dump).
+Symmetry == Permutations(Workers)
 Spec == Init /\ [][Next]_vars
 
 FairSpec == Spec /\ WF_vars(TimesOut)

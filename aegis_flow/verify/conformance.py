@@ -32,6 +32,7 @@ from .tlc import (
     TlcFailed,
     TlcResult,
     project,
+    read_constants,
     render_cfg,
     run_tlc,
 )
@@ -92,23 +93,44 @@ def code_states(config: Config) -> list[str]:
     return dump_lines(explore(config, dump=True))
 
 
-def spec_cfg(config: Config, *, invariants: tuple[str, ...] = CONFORMANCE_INVARIANTS) -> str:
-    """The TLC configuration of ``spec/AegisFlow.tla`` with the constants of ``config``."""
+def config_from_cfg(cfg_text: str) -> Config:
+    """The Python checker's ``Config`` for the constants of a TLC configuration of the spec."""
+    consts = read_constants(cfg_text)
+    try:
+        workers = consts["Workers"].strip("{} ").split(",")
+        return Config(workers=len([w for w in workers if w.strip()]),
+                      max_retry=int(consts["MaxRetry"]), flap_limit=int(consts["FlapLimit"]),
+                      message_layer=consts["MessageLayer"] == "TRUE",
+                      seq_bound=int(consts["SeqBound"]))
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"not a configuration of {SPEC_NAME}: {exc}") from exc
+
+
+def spec_cfg(config: Config, *, liveness: bool = False) -> str:
+    """The TLC configuration of ``spec/AegisFlow.tla`` with the constants of ``config``.
+
+    ``liveness`` checks under ``FairSpec`` and adds NoDeadlock and Termination (slower)."""
+    invariants = CONFORMANCE_INVARIANTS + (("NoDeadlock",) if liveness else ())
     return render_cfg(workers=config.workers, max_retry=config.max_retry,
                       flap_limit=config.flap_limit, message_layer=config.message_layer,
-                      seq_bound=config.seq_bound, invariants=invariants)
+                      seq_bound=config.seq_bound, invariants=invariants,
+                      properties=("MasterSeqNumMonotonic", "Termination") if liveness else (),
+                      specification="FairSpec" if liveness else "Spec")
 
 
-def spec_states(config: Config, *, spec: Path | None = None, tlc_workers: int = 1,
+def spec_states(config: Config, *, cfg_text: str | None = None, liveness: bool = False,
+                spec: Path | None = None, tlc_workers: int = 1,
                 timeout: float = 600.0) -> tuple[list[str], TlcResult]:
     """The sorted canonical lines of every state of the spec (TLC ``-dump``), and TLC's report.
 
-    Raises ``TlcFailed`` if TLC did not finish without error (the lines would be partial)."""
+    ``cfg_text`` (a configuration without SYMMETRY, e.g. spec/P1.cfg) replaces the one made
+    from ``config``. Raises ``TlcFailed`` unless TLC finished without error (the lines would
+    be partial)."""
     spec = spec if spec is not None else SPEC_DIR / f"{SPEC_NAME}.tla"
+    cfg = cfg_text if cfg_text is not None else spec_cfg(config, liveness=liveness)
     with tempfile.TemporaryDirectory(prefix="aegis-conformance-") as tmp:
         dump = Path(tmp) / "states.dump"
-        result = run_tlc(spec, spec_cfg(config), workers=tlc_workers, dump=dump,
-                         timeout=timeout)
+        result = run_tlc(spec, cfg, workers=tlc_workers, dump=dump, timeout=timeout)
         if not result.ok or not dump.is_file():
             raise TlcFailed(f"TLC did not check the spec cleanly (exit {result.exit_code}: "
                             f"{result.error or 'no dump'}):\n{result.output[-3000:]}")
@@ -222,11 +244,14 @@ def spec_trace(config: Config, targets: list[str], *, spec: Path | None = None,
 # --------------------------------------------------------------------------- comparing
 
 
-def compare(config: Config, *, spec: Path | None = None, tlc_workers: int = 1,
+def compare(config: Config, *, cfg_text: str | None = None, liveness: bool = False,
+            spec: Path | None = None, tlc_workers: int = 1,
             timeout: float = 600.0) -> Comparison:
-    """Enumerate both sides for ``config``; on a difference find the first one on each side."""
-    spec_lines, result = spec_states(config, spec=spec, tlc_workers=tlc_workers,
-                                     timeout=timeout)
+    """Enumerate both sides for ``config``; on a difference find the first one on each side.
+
+    ``cfg_text``/``liveness``: as for ``spec_states``."""
+    spec_lines, result = spec_states(config, cfg_text=cfg_text, liveness=liveness, spec=spec,
+                                     tlc_workers=tlc_workers, timeout=timeout)
     cmp = Comparison(config, spec_lines, code_states(config), result)
     if not cmp.equal:
         only_code, only_spec = cmp.only_in_code, cmp.only_in_spec
@@ -266,5 +291,5 @@ def render_comparison(cmp: Comparison) -> str:
 
 
 __all__ = ["CONFORMANCE_INVARIANTS", "Comparison", "Difference", "TraceRow", "code_states",
-           "code_trace", "compare", "line_to_tla", "render_comparison", "spec_cfg",
-           "spec_states", "spec_trace"]
+           "code_trace", "compare", "config_from_cfg", "line_to_tla", "render_comparison",
+           "spec_cfg", "spec_states", "spec_trace"]

