@@ -4,14 +4,14 @@ the CLI, and the real ``kubernetes`` client adapter against a local recording HT
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import parse_qs
 
 import pytest
 
+from aegis_flow.cli import main
 from aegis_flow.k8s import ops
 from aegis_flow.k8s.api import FakeNodeApi, NodeApiError, NodeNotFound
 from aegis_flow.k8s.client import MERGE_PATCH, KubeNodeApi
@@ -110,12 +110,13 @@ def test_a_patch_that_did_not_stick_is_an_error() -> None:
     assert records[0].action == "failed" and "did not stick" in records[0].error
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "aegis_flow.cli", *args], capture_output=True,
-                          text=True, timeout=60)
+def test_nodes_cli_quarantine_record_list_release(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    def run_cli(*args: str) -> SimpleNamespace:
+        code = main(list(args))
+        out = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
 
-
-def test_nodes_cli_quarantine_record_list_release(tmp_path: Path) -> None:
     state = tmp_path / "nodes.json"
     state.write_text(json.dumps(list(cluster().nodes.values())))
     fake = ["nodes", "--fake-cluster", str(state)]

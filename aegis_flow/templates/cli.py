@@ -1,13 +1,14 @@
-"""``aegis-flow render`` and ``aegis-flow lint``: thin, over ``workflow`` and ``argo``.
+"""``aegis-flow render``, ``submit`` and ``lint``: thin, over ``workflow`` and ``argo``.
 
-Side effects: reading job/manifest files, writing the ``-o`` file, printing. Nothing is
-submitted. ``add_parsers(sub)`` adds both commands (each sets ``handler``); Hera, PyYAML and
-jsonschema load only when a command runs.
+Side effects: reading job/manifest files, writing the ``-o`` file, printing; ``submit`` POSTs
+to the Argo Server (``argo.submit``). ``add_parsers(sub)`` adds the commands (each sets
+``handler``); Hera, PyYAML and jsonschema load only when a command runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from aegis_flow.argtypes import non_negative_int, positive_int
 
 
 def add_parsers(sub: Any) -> None:
-    """Add ``render`` and ``lint`` to an ``add_subparsers()`` object."""
+    """Add ``render``, ``submit`` and ``lint`` to an ``add_subparsers()`` object."""
     r = sub.add_parser(
         "render", help="render a job as an Argo Workflow (YAML; validated, never submitted)",
         usage="aegis-flow render (--image IMG [options] | -f job.yaml) [-o wf.yaml] "
@@ -24,23 +25,30 @@ def add_parsers(sub: Any) -> None:
         description="Render the training job as an Argo Workflow with a master daemon, "
         "bootcheck, run, troubleshoot, quarantine and resume steps. The result is checked "
         "against Argo's JSON schema and our lint before it is written.")
-    r.add_argument("-f", "--file", help="job file (YAML/JSON with JobSpec fields); flags "
-                   "given on the command line override it")
+    _job_flags(r)
     r.add_argument("-o", "--output", default="-", help="output file (default: stdout)")
-    r.add_argument("--name", help="job name (the Workflow's generateName prefix)")
-    r.add_argument("--image", help="the training image (needs Python and aegis-flow)")
-    r.add_argument("--workers", type=positive_int, help="number of worker pods")
-    r.add_argument("--gpus-per-worker", type=non_negative_int)
-    r.add_argument("--max-retry", type=non_negative_int, help="the workflow's max-retry default")
-    r.add_argument("--namespace")
-    r.add_argument("--service-account")
-    r.add_argument("--nats-url", help="external NATS (default: embedded in the master pod)")
-    r.add_argument("--aegis-image", help="image with aegis-flow (master, verdict, report)")
     r.add_argument("--checks-template", action="store_true",
                    help="also write the aegis-checks WorkflowTemplate (a second document)")
-    r.add_argument("train_command", nargs="*", metavar="CMD",
-                   help="the training command, after '--'")
     r.set_defaults(handler=handle_render)
+    sm = sub.add_parser(
+        "submit", help="render (or read) a workflow, validate it, and submit it to Argo",
+        usage="aegis-flow submit --argo-server URL (--image IMG [options] -- CMD | -f job.yaml"
+              " | --workflow wf.yaml)",
+        description="Submit through the Argo Server's API (Hera's WorkflowsService): POST "
+        "/api/v1/workflows/NAMESPACE with the rendered workflow. The bearer token comes from "
+        "the environment (ARGO_TOKEN; 'argo auth token' prints one). Nothing is submitted "
+        "unless the workflow passes the JSON schema and the lint.")
+    _job_flags(sm)
+    sm.add_argument("--workflow", metavar="FILE",
+                    help="submit this rendered Workflow YAML instead of rendering one")
+    sm.add_argument("--argo-server", default=os.environ.get("ARGO_SERVER"),
+                    help="Argo Server URL, e.g. https://argo.example.com:2746 (env ARGO_SERVER)")
+    tls = sm.add_mutually_exclusive_group()
+    tls.add_argument("--insecure", dest="verify_ssl", action="store_false",
+                     help="do not verify the server's TLS certificate")
+    tls.add_argument("--verify-ssl", dest="verify_ssl", action="store_true", default=True,
+                     help="verify it (the default)")
+    sm.set_defaults(handler=handle_submit)
     lt = sub.add_parser(
         "lint", help="validate Argo manifests offline (JSON schema + semantic lint)",
         description="Check each YAML file (multi-document allowed) against Argo's JSON schema "
@@ -50,6 +58,23 @@ def add_parsers(sub: Any) -> None:
     lt.add_argument("files", nargs="+", metavar="FILE")
     lt.add_argument("--no-schema", action="store_true", help="skip the JSON schema")
     lt.set_defaults(handler=handle_lint)
+
+
+def _job_flags(r: Any) -> None:
+    r.add_argument("-f", "--file", help="job file (YAML/JSON with JobSpec fields); flags "
+                   "given on the command line override it")
+    r.add_argument("--name", help="job name (the Workflow's generateName prefix)")
+    r.add_argument("--image", help="the training image (needs only Python)")
+    r.add_argument("--workers", type=positive_int, help="number of worker pods")
+    r.add_argument("--gpus-per-worker", type=non_negative_int)
+    r.add_argument("--max-retry", type=non_negative_int, help="the workflow's max-retry default")
+    r.add_argument("--namespace")
+    r.add_argument("--service-account")
+    r.add_argument("--nats-url", help="external NATS (default: embedded in the master pod)")
+    r.add_argument("--aegis-image", help="image with aegis-flow (master, init containers, "
+                   "verdict, quarantine, report)")
+    r.add_argument("train_command", nargs="*", metavar="CMD",
+                   help="the training command, after '--'")
 
 
 def _spec_from_args(args: argparse.Namespace) -> Any:
@@ -125,6 +150,57 @@ def handle_render(args: argparse.Namespace) -> int:
     else:
         Path(args.output).write_text(text)
         print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+def handle_submit(args: argparse.Namespace) -> int:
+    from aegis_flow.argo.submit import SubmitError, submit
+
+    if not args.argo_server:
+        print("aegis-flow submit: give --argo-server URL (or set ARGO_SERVER)", file=sys.stderr)
+        return 2
+    token = os.environ.get("ARGO_TOKEN", "")
+    if args.workflow:
+        import yaml
+
+        try:
+            doc = yaml.safe_load(Path(args.workflow).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            print(f"aegis-flow submit: cannot read {args.workflow}: {exc}", file=sys.stderr)
+            return 2
+        if not isinstance(doc, dict) or doc.get("kind") != "Workflow":
+            print(f"aegis-flow submit: {args.workflow} is not one Workflow document",
+                  file=sys.stderr)
+            return 2
+        namespace = args.namespace or (doc.get("metadata") or {}).get("namespace") or "default"
+    else:
+        from aegis_flow.jobspec import JobSpecError
+        from aegis_flow.workflow import render
+
+        if not args.file and not args.image:
+            print("aegis-flow submit: give --image IMG (and -- CMD), -f job.yaml or "
+                  "--workflow wf.yaml", file=sys.stderr)
+            return 2
+        try:
+            spec = _spec_from_args(args)
+        except JobSpecError as exc:
+            print(f"aegis-flow submit: invalid job:\n{exc}", file=sys.stderr)
+            return 2
+        doc, namespace = render(spec), spec.namespace
+    problems = check_documents([doc])
+    if problems:
+        print("aegis-flow submit: not submitted, the workflow is invalid:", *problems,
+              sep="\n  ", file=sys.stderr)
+        return 1
+    if not token:
+        print("warning: ARGO_TOKEN is not set: submitting without a token", file=sys.stderr)
+    try:
+        done = submit(doc, server=args.argo_server, token=token, namespace=namespace,
+                      verify_ssl=args.verify_ssl)
+    except SubmitError as exc:
+        print(f"aegis-flow submit: {exc}", file=sys.stderr)
+        return 1
+    print(f"submitted {done.namespace}/{done.name}")
     return 0
 
 
