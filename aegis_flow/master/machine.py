@@ -100,11 +100,12 @@ def _broadcast(
     """
     seq = status.seq + 1
     if keep_restarting_phase:
-        workers = tuple(evolve(p, finished=False, hanging=False) for p in status.workers)
+        workers = tuple(p if not (p.finished or p.hanging) else
+                        evolve(p, finished=False, hanging=False) for p in status.workers)
     else:
-        workers = tuple(
-            evolve(p, phase=phase, finished=False, hanging=False) for p in status.workers
-        )
+        workers = tuple(p if p.phase is phase and not (p.finished or p.hanging) else
+                        evolve(p, phase=phase, finished=False, hanging=False)
+                        for p in status.workers)
     new = evolve(status, phase=phase, seq=seq, workers=workers)
     order, outcome = current_order(new)
     assert order is not None
@@ -405,12 +406,13 @@ def _on_finish(status: Status, ev: Finish) -> Result:
         return new, [Log("T4: every worker finished; job succeeded", transition="T4"),
                      Broadcast(Order.QUIT, seq, Outcome.SUCCESS)]
     if phase is Phase.TROUBLESHOOTING:  # T9: retries aligned to recoverCount
-        workers = tuple(evolve(p, retries=status.recover_count) for p in status.workers)
+        rc = status.recover_count
+        workers = tuple(p if p.retries == rc else evolve(p, retries=rc) for p in status.workers)
         status = evolve(status, workers=workers)
         row = "T9"
     else:
         row = "T2"
-    workers = tuple(evolve(p, flaps=0) for p in status.workers)
+    workers = tuple(p if p.flaps == 0 else evolve(p, flaps=0) for p in status.workers)
     status = evolve(status, workers=workers, ran=True)
     return _broadcast(status, Phase.RUNCOMMAND, row, f"{row}: every check passed; run")
 
