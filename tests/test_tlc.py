@@ -154,3 +154,19 @@ def test_without_the_recover_count_cap_tlc_finds_recover_count_unbounded(
     assert isinstance(last, dict) and isinstance(last["recoverCount"], int)
     assert last["recoverCount"] > max_retry + 1
     print(f"no cap: RecoverCountBound violated after {len(result.trace) - 1} steps")
+
+
+def test_the_make_tlc_command_fails_clearly_without_java_or_a_config(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import io
+
+    from aegis_flow.verify.tlc_cli import main
+
+    err = io.StringIO()
+    assert main([str(tmp_path / "missing.cfg")], out=io.StringIO(), err=err) == 2
+    assert "no configuration file" in err.getvalue()
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    err = io.StringIO()
+    assert main([str(SPEC_DIR / "P0.cfg")], out=io.StringIO(), err=err) == 2
+    assert "Java runtime" in err.getvalue()

@@ -385,13 +385,19 @@ def read_constants(cfg_text: str) -> dict[str, str]:
 
 def render_cfg(*, workers: int, max_retry: int, flap_limit: int = 3, message_layer: bool,
                seq_bound: int, invariants: Sequence[str] = (), properties: Sequence[str] = (),
-               specification: str = "Spec", extra_constants: Sequence[str] = ()) -> str:
-    """A TLC model configuration for ``spec/AegisFlow.tla``; workers are ``w1..wN``."""
+               specification: str = "Spec", extra_constants: Sequence[str] = (),
+               symmetry: bool = False) -> str:
+    """A TLC model configuration for ``spec/AegisFlow.tla``; workers are ``w1..wN``.
+
+    ``symmetry`` adds ``SYMMETRY Symmetry`` (never with ``-dump``: TLC then lists one state
+    per permutation class)."""
     names = ", ".join(f"w{i + 1}" for i in range(workers))
     lines = ["CONSTANTS", f"    Workers = {{{names}}}", f"    MaxRetry = {max_retry}",
              f"    FlapLimit = {flap_limit}", f"    MessageLayer = {_b(message_layer)}",
              f"    SeqBound = {seq_bound}", *(f"    {c}" for c in extra_constants),
              f"SPECIFICATION {specification}"]
+    if symmetry:
+        lines.append("SYMMETRY Symmetry")
     if invariants:
         lines += ["INVARIANTS", *(f"    {n}" for n in invariants)]
     if properties:
