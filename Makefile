@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test verify lint typecheck bench clean proto
+.PHONY: demo test verify lint typecheck tlc bench clean proto
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -25,6 +25,10 @@ test: $(STAMP)
 
 verify: $(STAMP)
 	$(BIN)/aegis-flow verify --workers 3 --max-retry 2 --message-layer
+
+# TLC (needs Java) on spec/P0.cfg and spec/P1.cfg, then spec/code conformance of P1.
+tlc: $(STAMP)
+	$(BIN)/python -m aegis_flow.verify.tlc_cli --conformance spec/P0.cfg spec/P1.cfg
 
 bench: $(STAMP)
 	$(BIN)/python bench/verify_bench.py
