@@ -149,6 +149,28 @@ def test_a_replacement_revokes_its_predecessor_and_eviction_blocks_renewal() -> 
         issuer.renew(1, new, now=NOW + 34)
 
 
+def test_a_restarted_master_renews_what_an_earlier_one_granted() -> None:
+    """Regression: a master restarted mid-run starts with an empty issuer; its workers must
+    still renew (else the server drops them when their JWTs expire)."""
+    signer = nj.new_key("account")
+    first = make_issuer(signing_key=signer)
+    key = nj.public(nj.new_key("user"))
+    grant, _ = first.sync(request("1", key=key), now=NOW)
+    second = make_issuer(signing_key=signer, account=first.account)
+    with pytest.raises(iss.Refused):
+        second.renew(1, key, now=NOW + 10)  # no proof
+    foreign = make_issuer().sync(request("1", key=key), now=NOW)[0].jwt
+    for rank, bad in ((1, foreign), (0, grant.jwt)):  # another signer; another rank
+        with pytest.raises(iss.Refused):
+            second.renew(rank, key, now=NOW + 10, current=bad)
+    with pytest.raises(iss.Refused):
+        second.renew(1, key, now=NOW + 61, current=grant.jwt)  # expired
+    assert second.renew(1, key, now=NOW + 10, current=grant.jwt).expires_at == int(NOW + 70)
+    second.revoked.add(key)
+    with pytest.raises(iss.Refused):
+        second.renew(1, key, now=NOW + 11, current=grant.jwt)
+
+
 def test_a_short_token_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="16"):
         make_issuer(token="short")

@@ -449,3 +449,23 @@ def test_a_revocation_written_to_the_config_takes_effect_on_reload(tmp_path: Pat
 
     with EmbeddedNats(tmp_path / "store", config_file=auth.write_server_config()) as srv:
         asyncio.run(go(srv))
+
+
+def test_workers_renew_with_a_restarted_master(server: Server, tmp_path: Path) -> None:
+    """A master restarted mid-run knows no keys; its workers' renewals still succeed (their
+    current JWT proves the grant), so nobody is dropped at expiry."""
+    async def go() -> None:
+        async with master(server, "job-m") as (first, _):
+            w, session = await worker(first, "job-m", 1, tmp_path)
+        async with master(server, "job-m") as (second, _):
+            assert second.issuer.keys == {}
+            await session.renew(w.nc)
+            assert second.issuer.minted == 1 and session.renewals == 1
+            assert second.issuer.keys == {1: [session.creds.public_key]}
+            deadline = time.monotonic() + 10
+            while not w.nc.is_connected:  # the renewal reconnects with the new JWT
+                assert time.monotonic() < deadline and not w.closed.is_set()
+                await asyncio.sleep(0.05)
+            await w.nc.flush(timeout=5)
+
+    asyncio.run(go())

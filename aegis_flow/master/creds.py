@@ -50,6 +50,8 @@ class CredsService:
             job=job, namespace=namespace, workers=workers, token=cfg.token,
             account=self.auth.keys.account, signing_key=self.auth.seed("account-signing"),
             nats_urls=cfg.advertise_nats_urls or (nats_url,), lifetime=cfg.jwt_lifetime)
+        # keys revoked by an earlier master of this job (or any master sharing the dir)
+        self.issuer.revoked.update(operator.read_revocations(self.auth.path))
         self._key = nj.new_key("user")  # the master's own identity, never written anywhere
         self._jwt = self._mint_own(time.time())
         self.nc: Any = None
@@ -176,7 +178,8 @@ class CredsService:
         try:
             rank = int(msg.subject.rsplit(".", 1)[1])
             data = json.loads(msg.data)
-            grant = self.issuer.renew(rank, str(data["public_key"]), now=time.time())
+            grant = self.issuer.renew(rank, str(data["public_key"]), now=time.time(),
+                                      current=str(data.get("jwt", "")))
             answer: dict[str, Any] = {"jwt": grant.jwt, "expires_at": grant.expires_at}
         except iss.Refused as exc:
             answer = {"error": exc.message}

@@ -130,14 +130,33 @@ class Issuer:
         self.revoked.update(stale)
         return self._grant(rank, key, now), stale
 
-    def renew(self, rank: int, public_key: str, *, now: float) -> Grant:
-        """A fresh JWT for a key this issuer granted before and never revoked."""
+    def renew(self, rank: int, public_key: str, *, now: float, current: str = "") -> Grant:
+        """A fresh JWT for a key this issuer granted and never revoked — or, after a master
+        restart (the issuer starts empty), for a key whose ``current`` JWT this job's signing
+        key issued to this rank and that has not expired yet. (Only rank R can publish on its
+        renewal subject: the server checks that, so the subject names the sender.)"""
         if self.ended:
             raise Refused(Code.FAILED_PRECONDITION, "the job has ended")
-        if public_key in self.revoked or public_key not in self.keys.get(rank, []):
+        known = self.keys.get(rank, [])
+        if public_key not in self.revoked and public_key not in known and current:
+            if self._still_valid(current, rank, public_key, now):
+                known.append(public_key)
+                self.keys[rank] = known
+        if public_key in self.revoked or public_key not in known:
             raise Refused(Code.PERMISSION_DENIED, f"no live credentials for rank {rank} and "
                           "this key")
         return self._grant(rank, public_key, now)
+
+    def _still_valid(self, token: str, rank: int, public_key: str, now: float) -> bool:
+        try:
+            claims = nj.decode(token, trusted=[nj.public(self.signing_key)], now=now)
+        except nj.JwtError:
+            return False
+        return bool(claims.get("sub") == public_key and claims.get("exp")
+                    and claims.get("name") == self._name(rank))
+
+    def _name(self, rank: int) -> str:
+        return f"{self.namespace}.{self.job}.{rank}"
 
     def evict(self, rank: int) -> list[str]:
         """Revoke every live key of ``rank`` (quarantined or evicted); return them."""
@@ -165,7 +184,7 @@ class Issuer:
     def _grant(self, rank: int, key: str, now: float) -> Grant:
         perms = worker_permissions(self.subjects, rank)
         expires = int(now + self.lifetime)
-        claims = nj.user_claims(key, name=f"{self.namespace}.{self.job}.{rank}",
+        claims = nj.user_claims(key, name=self._name(rank),
                                 account=self.account, perms=perms, now=now, expires=expires)
         self.minted += 1
         return Grant(jwt=nj.encode(claims, self.signing_key), nats_urls=self.nats_urls,

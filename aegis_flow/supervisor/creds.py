@@ -175,7 +175,7 @@ class Session:
 
     async def renew(self, nc: Any, timeout: float = 5.0) -> None:
         """Ask the master for a fresh JWT over the renewal subject, keep it, reconnect with it."""
-        body = json.dumps({"public_key": self.creds.public_key}).encode()
+        body = json.dumps({"public_key": self.creds.public_key, "jwt": self.creds.jwt}).encode()
         reply = await nc.request(self.creds.renew_subject, body, timeout=timeout)
         data = json.loads(reply.data)
         if not isinstance(data, dict) or "jwt" not in data:
@@ -200,7 +200,8 @@ class Session:
                 continue
             try:
                 await self.renew(nc)
-                warn(f"credentials renewed (expire in {self.creds.expires_at - self.clock():.0f} s)")
+                left = self.creds.expires_at - self.clock()
+                warn(f"credentials renewed (expire in {left:.0f} s)")
             except Exception as exc:  # noqa: BLE001 - keep trying until the JWT expires
                 left = self.creds.expires_at - self.clock()
                 warn(f"credential renewal failed ({exc!r}); {left:.0f} s left on the JWT")
