@@ -25,7 +25,8 @@ from aegis_flow.verify.explorer import Config
 from aegis_flow.verify.tlc import SPEC_DIR
 
 #: P0 without symmetry at a size both tools enumerate in seconds.
-P0_SMALL = Config(workers=2, max_retry=1, message_layer=False, seq_bound=4)
+P0_SMALL = Config(workers=2, max_retry=1, message_layer=False, seq_bound=4,
+                  symmetry=False)
 
 
 @pytest.fixture(scope="module")

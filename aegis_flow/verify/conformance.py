@@ -101,7 +101,7 @@ def config_from_cfg(cfg_text: str) -> Config:
         return Config(workers=len([w for w in workers if w.strip()]),
                       max_retry=int(consts["MaxRetry"]), flap_limit=int(consts["FlapLimit"]),
                       message_layer=consts["MessageLayer"] == "TRUE",
-                      seq_bound=int(consts["SeqBound"]))
+                      seq_bound=int(consts["SeqBound"]), symmetry=False)
     except (KeyError, ValueError) as exc:
         raise ValueError(f"not a configuration of {SPEC_NAME}: {exc}") from exc
 
