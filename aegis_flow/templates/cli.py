@@ -94,11 +94,15 @@ def _spec_from_args(args: argparse.Namespace) -> Any:
 
 
 def check_documents(docs: list[dict[str, Any]], *, schema: bool = True) -> list[str]:
-    """Schema errors and lint findings of the documents, as printable lines."""
+    """Schema errors and lint findings of the documents, as printable lines (plain
+    Kubernetes objects get the structural checks of ``k8s.validate``)."""
     from aegis_flow.argo.lint import lint
     from aegis_flow.argo.schema import SchemaUnavailable, schema_path, validate_schema
+    from aegis_flow.k8s.validate import check_objects
 
-    problems: list[str] = []
+    plain = [d for d in docs if not str(d.get("apiVersion", "")).startswith("argoproj.io/")]
+    docs = [d for d in docs if d not in plain]
+    problems: list[str] = check_objects(plain) if plain else []  # install's RBAC, NATS
     if schema:
         try:
             schema_path()

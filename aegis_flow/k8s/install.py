@@ -1,0 +1,114 @@
+"""``aegis-flow install``: the cluster-side manifests, rendered as plain dicts.
+
+- RBAC: the ``aegis-flow`` ServiceAccount the workflow pods run as; a ClusterRole to get,
+  list and patch nodes (quarantine) and get/list pods; its binding; a Role and binding for
+  Argo's executor (``workflowtaskresults``, which Argo ≥ 3.4 needs to report outputs).
+- The ``aegis-checks`` WorkflowTemplate (reusable check steps, for ``templateRef``).
+- Cluster-mode NATS (optional): a one-replica StatefulSet with JetStream on a volume claim
+  (the masters' stored status survives a NATS restart) in operator mode, its config read
+  from the ``aegis-auth`` Secret (``aegis-flow nats-bootstrap`` writes it), and a Service.
+  Jobs then render with ``--nats-url nats://aegis-nats.<namespace>:4222``.
+
+PURE: returns dicts; ``validate.py`` checks them and the CLI prints them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+RBAC = "rbac.authorization.k8s.io"
+NATS_NAME = "aegis-nats"
+NATS_PORT = 4222
+NATS_MONITOR_PORT = 8222
+
+
+@dataclass(frozen=True)
+class InstallOptions:
+    namespace: str = "default"
+    service_account: str = "aegis-flow"
+    aegis_image: str = "ghcr.io/aegis-flow/aegis-flow:0.1.0"
+    nats: bool = True
+    nats_image: str = "nats:2.10-alpine"
+    nats_storage: str = "1Gi"
+    auth_secret: str = "aegis-auth"
+
+    @property
+    def nats_url(self) -> str:
+        return f"nats://{NATS_NAME}.{self.namespace}:{NATS_PORT}"
+
+
+def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": {
+        "app.kubernetes.io/managed-by": "aegis-flow", "app.kubernetes.io/part-of": "aegis-flow"}}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    return meta
+
+
+def rbac(o: InstallOptions) -> list[dict[str, Any]]:
+    cluster_role = f"{o.service_account}-nodes"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": _meta(o.service_account, o.namespace)},
+        {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRole", "metadata": _meta(cluster_role),
+         "rules": [{"apiGroups": [""], "resources": ["nodes"],
+                    "verbs": ["get", "list", "patch"]},
+                   {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]},
+        {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRoleBinding",
+         "metadata": _meta(f"{cluster_role}-{o.namespace}"),
+         "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": cluster_role},
+         "subjects": [{"kind": "ServiceAccount", "name": o.service_account,
+                       "namespace": o.namespace}]},
+        {"apiVersion": f"{RBAC}/v1", "kind": "Role",
+         "metadata": _meta(f"{o.service_account}-executor", o.namespace),
+         "rules": [{"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"],
+                    "verbs": ["create", "patch"]}]},
+        {"apiVersion": f"{RBAC}/v1", "kind": "RoleBinding",
+         "metadata": _meta(f"{o.service_account}-executor", o.namespace),
+         "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": f"{o.service_account}-executor"},
+         "subjects": [{"kind": "ServiceAccount", "name": o.service_account,
+                       "namespace": o.namespace}]},
+    ]
+
+
+def nats(o: InstallOptions) -> list[dict[str, Any]]:
+    labels = {"app.kubernetes.io/name": NATS_NAME, "app.kubernetes.io/part-of": "aegis-flow"}
+    container = {
+        "name": "nats", "image": o.nats_image,
+        "args": ["--config", "/etc/aegis/auth/nats.conf", "--jetstream",
+                 "--store_dir", "/data", "--port", str(NATS_PORT),
+                 "--http_port", str(NATS_MONITOR_PORT)],
+        "ports": [{"name": "client", "containerPort": NATS_PORT},
+                  {"name": "monitor", "containerPort": NATS_MONITOR_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "monitor"},
+                           "periodSeconds": 5},
+        "volumeMounts": [{"name": "auth", "mountPath": "/etc/aegis/auth", "readOnly": True},
+                         {"name": "data", "mountPath": "/data"}],
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}},
+    }
+    return [
+        {"apiVersion": "v1", "kind": "Service", "metadata": _meta(NATS_NAME, o.namespace),
+         "spec": {"selector": dict(labels), "ports": [
+             {"name": "client", "port": NATS_PORT, "targetPort": "client"}]}},
+        {"apiVersion": "apps/v1", "kind": "StatefulSet",
+         "metadata": _meta(NATS_NAME, o.namespace),
+         "spec": {"serviceName": NATS_NAME, "replicas": 1,
+                  "selector": {"matchLabels": dict(labels)},
+                  "template": {"metadata": {"labels": dict(labels)},
+                               "spec": {"containers": [container], "volumes": [
+                                   {"name": "auth", "secret": {"secretName": o.auth_secret}}]}},
+                  "volumeClaimTemplates": [{
+                      "metadata": {"name": "data"},
+                      "spec": {"accessModes": ["ReadWriteOnce"],
+                               "resources": {"requests": {"storage": o.nats_storage}}}}]}},
+    ]
+
+
+def manifests(o: InstallOptions) -> list[dict[str, Any]]:
+    """Everything ``install`` renders, in apply order."""
+    from aegis_flow.workflow import build_checks_template
+
+    checks: dict[str, Any] = build_checks_template(image=o.aegis_image,
+                                                   namespace=o.namespace).to_dict()
+    return [*rbac(o), checks, *(nats(o) if o.nats else [])]

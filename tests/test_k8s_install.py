@@ -1,0 +1,144 @@
+"""``aegis-flow install``: what it renders, that it validates, and that the structural
+checks catch each planted error."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from aegis_flow.cli import main
+from aegis_flow.jobspec import JobSpec
+from aegis_flow.k8s.install import InstallOptions, manifests
+from aegis_flow.k8s.validate import check_objects
+from aegis_flow.templates.cli import check_documents
+from aegis_flow.workflow import render
+
+OPTS = InstallOptions(namespace="ml")
+DOCS = manifests(OPTS)
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (doc,) = [d for d in docs if d["kind"] == kind]
+    return doc
+
+
+def test_install_renders_rbac_checks_and_nats_that_validate() -> None:
+    assert [d["kind"] for d in DOCS] == [
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+        "WorkflowTemplate", "Service", "StatefulSet"]
+    assert check_documents(DOCS) == []  # Argo schema + lint, and the structural checks
+    rules = {(tuple(r["resources"]), tuple(r["verbs"])) for r in by_kind(DOCS, "ClusterRole")[
+        "rules"]}
+    assert rules == {(("nodes",), ("get", "list", "patch")), (("pods",), ("get", "list"))}
+    crb = by_kind(DOCS, "ClusterRoleBinding")
+    assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "aegis-flow",
+                                "namespace": "ml"}]
+    assert by_kind(DOCS, "WorkflowTemplate")["metadata"]["name"] == "aegis-checks"
+    assert [d["kind"] for d in manifests(InstallOptions(nats=False))][-1] == "WorkflowTemplate"
+
+
+def test_jobs_in_cluster_mode_reach_the_installed_nats() -> None:
+    svc = by_kind(DOCS, "Service")
+    assert OPTS.nats_url == (f"nats://{svc['metadata']['name']}.{svc['metadata']['namespace']}"
+                             f":{svc['spec']['ports'][0]['port']}")
+    wf = render(JobSpec(image="IMG", command=("python", "t.py"), namespace="ml",
+                        nats_url=OPTS.nats_url))
+    assert check_documents([wf, *DOCS]) == []
+    master = {t["name"]: t for t in wf["spec"]["templates"]}["master"]
+    assert "sidecars" not in master  # no embedded server when NATS is installed
+
+
+def test_install_cli_writes_what_lint_accepts(tmp_path: Path) -> None:
+    out = tmp_path / "aegis.yaml"
+    assert main(["install", "--namespace", "ml", "-o", str(out)]) == 0
+    assert list(yaml.safe_load_all(out.read_text())) == DOCS
+    assert main(["lint", str(out)]) == 0
+    assert main(["install", "--namespace", "Not_Valid"]) == 1
+
+
+Mutation = Callable[[list[dict[str, Any]]], None]
+
+
+def _kind(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    return by_kind(docs, kind)
+
+
+def _pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = _kind(docs, "StatefulSet")["spec"]["template"]["spec"]
+    return spec
+
+
+PLANTED: dict[str, tuple[Mutation, str]] = {
+    "unknown kind": (lambda d: _kind(d, "Role").update(kind="Rolle"), "unknown apiVersion"),
+    "bad name": (lambda d: _kind(d, "ServiceAccount")["metadata"].update(name="Aegis_SA"),
+                 "is not a valid name"),
+    "no namespace": (lambda d: _kind(d, "Role")["metadata"].pop("namespace"),
+                     "needs metadata.namespace"),
+    "cluster role with namespace": (
+        lambda d: _kind(d, "ClusterRole")["metadata"].update(namespace="ml"),
+        "cluster-scoped"),
+    "unknown top-level field": (lambda d: _kind(d, "Role").update(rulez=[]),
+                                "unknown top-level fields"),
+    "unknown verb": (lambda d: _kind(d, "ClusterRole")["rules"][0]["verbs"].append("patchh"),
+                     "unknown verbs"),
+    "rule without resources": (lambda d: _kind(d, "Role")["rules"][0].pop("resources"),
+                               "resources must be a list"),
+    "role not rendered": (lambda d: _kind(d, "RoleBinding")["roleRef"].update(name="x"),
+                          "is not rendered"),
+    "cluster binding to a role": (
+        lambda d: _kind(d, "ClusterRoleBinding")["roleRef"].update(kind="Role"),
+        "must refer to a ClusterRole"),
+    "wrong api group": (lambda d: _kind(d, "RoleBinding")["roleRef"].update(apiGroup="rbac"),
+                        "roleRef.apiGroup"),
+    "subject not rendered": (
+        lambda d: _kind(d, "ClusterRoleBinding")["subjects"][0].update(name="other"),
+        "is not rendered"),
+    "subject without namespace": (
+        lambda d: _kind(d, "RoleBinding")["subjects"][0].pop("namespace"), "needs a namespace"),
+    "no subjects": (lambda d: _kind(d, "RoleBinding").update(subjects=[]), "no subjects"),
+    "selector mismatch": (
+        lambda d: _kind(d, "StatefulSet")["spec"]["selector"]["matchLabels"].update(x="y"),
+        "does not match the pod template"),
+    "mount of no volume": (
+        lambda d: _pod(d)["containers"][0]["volumeMounts"].append(
+            {"name": "ghost", "mountPath": "/g"}), "which is not a volume"),
+    "port out of range": (
+        lambda d: _pod(d)["containers"][0]["ports"][0].update(containerPort=70000),
+        "is not 1..65535"),
+    "no image": (lambda d: _pod(d)["containers"][0].pop("image"), "has no image"),
+    "duplicate containers": (
+        lambda d: _pod(d)["containers"].append(copy.deepcopy(_pod(d)["containers"][0])),
+        "not unique"),
+    "no containers": (lambda d: _pod(d).update(containers=[]), "no containers"),
+    "service name missing": (
+        lambda d: _kind(d, "StatefulSet")["spec"].update(serviceName="nope"),
+        "serviceName 'nope'"),
+    "service selects nothing": (
+        lambda d: _kind(d, "Service")["spec"]["selector"].update(x="y"), "matches no rendered"),
+    "target port unknown": (
+        lambda d: _kind(d, "Service")["spec"]["ports"][0].update(targetPort="clinet"),
+        "targetPort 'clinet'"),
+    "rendered twice": (lambda d: d.append(copy.deepcopy(_kind(d, "Role"))), "rendered twice"),
+    "bad namespace": (lambda d: _kind(d, "ServiceAccount")["metadata"].update(namespace="M_L"),
+                      "namespace 'M_L'"),
+}
+
+
+@pytest.mark.parametrize("name", list(PLANTED))
+def test_each_structural_check_catches_its_planted_error(name: str) -> None:
+    mutate, expected = PLANTED[name]
+    docs = copy.deepcopy(DOCS)
+    mutate(docs)
+    findings = check_objects(docs)
+    assert any(expected in f for f in findings), findings
+
+
+def test_the_yaml_has_no_anchors() -> None:
+    """Regression: shared label dicts made PyYAML write &id001/*id001 aliases."""
+    text = yaml.safe_dump_all(DOCS, sort_keys=False)
+    assert "&id" not in text and "*id" not in text
