@@ -116,9 +116,8 @@ def draw_timeline(records: Iterable[Mapping[str, Any]], output: str | Path, *,
     for mk in tl.marks:
         if mk.kind == "recovered":
             ax.axvline(mk.at, color="#006d2c", linestyle="--", linewidth=1.2)
-            ax.annotate(f"recovered {mk.text}".strip(), (mk.at, len(tl.rows) - 0.45),
-                        fontsize=7, color="#006d2c", ha="left", va="bottom",
-                        annotation_clip=False)
+            ax.annotate(f" recovered {mk.text}".rstrip(), (mk.at, -0.65), fontsize=7,
+                        color="#006d2c", ha="left", va="bottom", annotation_clip=False)
             continue
         marker, color, size = styles[mk.kind]
         ax.scatter([mk.at], [y[mk.row]], marker=marker, color=color, s=size, zorder=3)
@@ -137,8 +136,8 @@ def draw_timeline(records: Iterable[Mapping[str, Any]], output: str | Path, *,
             marker, color, _ = styles[kind]
             handles.append(Line2D([], [], marker=marker, color=color, linestyle="",
                                   label=label))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.28 - 0.4 / height),
-              ncol=min(6, max(1, len(handles))), fontsize=7, frameon=False)
+    ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7,
+              frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     out = Path(output)
