@@ -32,3 +32,15 @@ def port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"a port is 0..65535 (0 = any free port), got {value}")
     return value
+
+
+def positive_seconds(text: str) -> float:
+    """A duration in seconds, more than 0 (``5``, ``0.5``, ``5s``)."""
+    value = text[:-1] if text.endswith("s") else text
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds like 5 or 0.5, got {text!r}") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return seconds

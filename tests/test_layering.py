@@ -17,7 +17,8 @@ WORKER_SIDE = [*sorted((PKG / "supervisor").glob("*.py")), PKG / "protocol.py",
                PKG / "outcome.py", PKG / "bundle" / "boot.py"]
 # aegis_flow.steps: its modules import only the standard library at import time (torch and
 # NVML inside the checks that need them); the real import set is checked below as well
-WORKER_OURS = ("aegis_flow.protocol", "aegis_flow.outcome", "aegis_flow.master.machine",
+WORKER_OURS = ("aegis_flow.protocol", "aegis_flow.outcome", "aegis_flow.argtypes",
+               "aegis_flow.master.machine",
                "aegis_flow.master.model",
                "aegis_flow.supervisor", "aegis_flow.steps")
 CORE_ALLOWED = {"__future__", "enum", "dataclasses", "typing", "collections"}

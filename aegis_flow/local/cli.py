@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from aegis_flow import protocol as p
-from aegis_flow.argtypes import non_negative_int, port
+from aegis_flow.argtypes import non_negative_int, port, positive_seconds
 
 SubParsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -63,6 +63,19 @@ def add_parsers(sub: Any) -> None:
                    "one, written to STATE_DIR/JOB/metrics.port)")
     r.add_argument("--quiet", action="store_true",
                    help="no live progress line (phase, step rates, restarts) on stderr")
+    r.add_argument("--hang-after", type=positive_seconds, default=None, metavar="SECONDS",
+                   help="a rank with no progress (aegis_flow.progress.step() or output) for "
+                   "this long is reported hung and kept running (T13; default 300)")
+    r.add_argument("--hang-quit-after", type=positive_seconds, default=None, metavar="SECONDS",
+                   help="...and for this long: every rank is stopped, troubleshot and restarted "
+                   "(T14, counted; default 900)")
+    r.add_argument("--check-budget", action="append", default=[], metavar="CHECK=SECONDS",
+                   help="override a check's budget in bootcheck/troubleshoot, e.g. io=5 "
+                   "(repeatable; an overrun is a failure with status timeout)")
+    r.add_argument("--node-env", action="append", default=[], metavar="NODE:NAME=VALUE",
+                   help="set an environment variable for the worker on one node only, e.g. "
+                   "local-node-1:AEGIS_SYSFS_ROOT=/mnt/host-sys (nodes are local-node-RANK, "
+                   "local-node-RANK-N after a node-fault replacement); repeatable")
     r.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG ...]")
     r.set_defaults(handler=_run)
 
@@ -127,13 +140,48 @@ def _run(a: argparse.Namespace) -> int:
     except InjectionError as exc:
         print(f"aegis-flow run: --inject {exc}", file=sys.stderr)
         return 2
+    settings = _check_settings(a)
+    if isinstance(settings, str):
+        print(f"aegis-flow run: {settings}", file=sys.stderr)
+        return 2
+    node_env, env, (hang_after, hang_quit_after) = settings
     cfg = RunConfig(command=tuple(command), workers=a.workers, max_retry=a.max_retry,
                     job=a.job, namespace=a.namespace, nats_url=a.nats_url,
                     state_dir=a.state_dir, injections=tuple(a.inject),
                     connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout,
                     metrics_port=a.metrics_port, progress=not a.quiet,
-                    prewarm=a.prewarm, secure=not a.insecure_nats, jwt_lifetime=a.jwt_lifetime)
+                    prewarm=a.prewarm, secure=not a.insecure_nats, jwt_lifetime=a.jwt_lifetime,
+                    hang_after=hang_after, hang_quit_after=hang_quit_after,
+                    node_env=node_env, env=env)
     return run_job(cfg)
+
+
+Settings = tuple[tuple[tuple[str, str, str], ...], dict[str, str],
+                 tuple[float | None, float | None]]
+
+
+def _check_settings(a: argparse.Namespace) -> Settings | str:
+    """Per-node environment, check budgets (as the workers' environment) and hang thresholds
+    (None: the supervisor's defaults), or an error message."""
+    from aegis_flow.local.nodes import NodeEnvError, parse_node_env
+    from aegis_flow.steps.base import BUDGETS_ENV, parse_budget
+
+    hang, quit_after = a.hang_after, a.hang_quit_after
+    if hang is not None or quit_after is not None:
+        hang = hang if hang is not None else min(300.0, quit_after)
+        quit_after = quit_after if quit_after is not None else max(900.0, hang)
+        if quit_after < hang:
+            return (f"--hang-quit-after ({quit_after:g} s) must not be shorter than "
+                    f"--hang-after ({hang:g} s)")
+    env: dict[str, str] = {}
+    try:
+        budgets = dict(parse_budget(b) for b in a.check_budget)
+        node_env = tuple(parse_node_env(spec, a.workers) for spec in a.node_env)
+    except (ValueError, NodeEnvError) as exc:
+        return f"--check-budget/--node-env: {exc}"
+    if budgets:
+        env[BUDGETS_ENV] = ",".join(f"{k}={v:g}" for k, v in budgets.items())
+    return node_env, env, (hang, quit_after)
 
 
 def _url(a: argparse.Namespace) -> str | None:

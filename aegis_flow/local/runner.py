@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aegis_flow.local.nodes import node_name
 from aegis_flow.local.progress import ProgressPrinter
 from aegis_flow.master.machine import ExitCode
 from aegis_flow.supervisor.child import _die_with_parent
@@ -51,6 +52,11 @@ class RunConfig:
     progress_every: float = 5.0
     secure: bool = True  # embedded NATS in operator mode, per-worker credentials (security/)
     jwt_lifetime: float = 3600.0  # seconds a worker's NATS JWT lives before it is renewed
+    hang_after: float | None = None  # the supervisors' hang thresholds (None: their defaults)
+    hang_quit_after: float | None = None
+    # extra environment for the supervisor on one node (and so its checks and command):
+    # (node, NAME, value), e.g. ("local-node-1", "AEGIS_SYSFS_ROOT", "/mnt/host-sys")
+    node_env: tuple[tuple[str, str, str], ...] = ()
 
 
 def _say(text: str) -> None:
@@ -140,9 +146,18 @@ class LocalJob:
                 "--worker", str(rank), "--token-file", str(self.state_dir / "token"),
                 "--out", str(creds), "--exec", "--"]
 
+    def _node(self, rank: int) -> str:
+        return node_name(rank, self.node_gen.get(rank, 0))
+
+    def _worker_env(self, rank: int) -> dict[str, str]:
+        node = self._node(rank)
+        return {**self.env, **{k: v for n, k, v in self.cfg.node_env if n == node}}
+
     def _worker_args(self, rank: int) -> list[str]:
         c = self.cfg
-        node = f"local-node-{rank}" + (f"-{self.node_gen[rank]}" if self.node_gen.get(rank) else "")
+        node = self._node(rank)
+        hang = [*(["--hang-after", str(c.hang_after)] if c.hang_after else []),
+                *(["--hang-quit-after", str(c.hang_quit_after)] if c.hang_quit_after else [])]
         injects = [a for s in c.injections for a in ("--inject", s)]
         creds = (["--creds", str(self.state_dir / "creds" / f"{rank}.creds")]
                  if self.grpc_addr else [])
@@ -151,7 +166,7 @@ class LocalJob:
                 c.namespace, "--rank", str(rank), "--world-size", str(c.workers), "--nats-url",
                 self.url, "--node", node, "--heartbeat", str(c.heartbeat), "--grace",
                 str(c.grace), "--work-dir", str(self.state_dir / "work"), *injects,
-                *([] if c.prewarm else ["--no-prewarm"]),
+                *([] if c.prewarm else ["--no-prewarm"]), *hang,
                 *c.extra_worker_args, "--", *c.command]
 
     def _secure_nats(self) -> Path:
@@ -202,7 +217,7 @@ class LocalJob:
                  f"{self.cfg.max_retry}, NATS {self.url}, state in {self.state_dir}")
             self.master = _spawn(self._master_args(), self.env)
             for rank in range(self.cfg.workers):
-                self.workers[rank] = _spawn(self._worker_args(rank), self.env)
+                self.workers[rank] = _spawn(self._worker_args(rank), self._worker_env(rank))
             self._write_pids()
             return self._loop()
         except _Interrupted as exc:
@@ -242,7 +257,7 @@ class LocalJob:
                 if code == ExitCode.NODE_FAULT:
                     self.node_gen[rank] = self.node_gen.get(rank, 0) + 1
                 self._restart(f"worker {rank}", code)
-                self.workers[rank] = _spawn(self._worker_args(rank), self.env)
+                self.workers[rank] = _spawn(self._worker_args(rank), self._worker_env(rank))
                 self._write_pids()
             if master_code is not None and (len(self.worker_codes) == self.cfg.workers
                                             or time.monotonic() > deadline):

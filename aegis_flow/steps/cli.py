@@ -34,6 +34,8 @@ from aegis_flow.steps.base import (
 )
 
 CHOICES = ("env", "io", "gpu", "runtime", "rdma", "allreduce", "hang", "health", "all")
+#: the node's sysfs root for the rdma check (a container may mount the host's elsewhere)
+SYSFS_ROOT_ENV = "AEGIS_SYSFS_ROOT"
 
 
 def _which(text: str) -> str:
@@ -210,7 +212,9 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--budget", action="append", type=_budget, default=[],
                    metavar="CHECK=SECONDS", help="override a check's budget (repeatable; also "
                    "$AEGIS_CHECK_BUDGETS='io=5,gpu=10')")
-    c.add_argument("--sysfs-root", default="/sys", help="sysfs root for rdma (default /sys)")
+    c.add_argument("--sysfs-root", default=os.environ.get(SYSFS_ROOT_ENV, "/sys"),
+                   help=f"sysfs root for rdma, e.g. where a container mounts the host's sysfs "
+                   f"(default ${SYSFS_ROOT_ENV} or /sys)")
     c.add_argument("--expect-gpus", type=non_negative_int, default=None, metavar="N",
                    help="GPUs this node must have (default $AEGIS_EXPECT_GPUS, else any)")
     c.add_argument("--io-size-mib", type=float, default=8.0, help="io check size (default 8)")

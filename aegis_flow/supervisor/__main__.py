@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 
+from aegis_flow.argtypes import positive_seconds
 from aegis_flow.outcome import write_outcome
 from aegis_flow.supervisor.agent import Supervisor, WorkerConfig
 from aegis_flow.supervisor.inject import Injection, InjectionError
@@ -54,6 +55,12 @@ def build_parser(prog: str = "aegis-flow worker") -> argparse.ArgumentParser:
     ap.add_argument("--nkey-seed", default=env("AEGIS_NATS_NKEY_SEED", ""),
                     help="NATS nkey seed file, for a server with nkey users "
                     "(env AEGIS_NATS_NKEY_SEED)")
+    ap.add_argument("--hang-after", type=positive_seconds, default=300.0, metavar="SECONDS",
+                    help="no progress (progress.step() or output) for this long: report a hang; "
+                    "the command keeps running (T13; default 300)")
+    ap.add_argument("--hang-quit-after", type=positive_seconds, default=900.0,
+                    metavar="SECONDS", help="no progress for this long: ask the master to "
+                    "restart the job (HangWithQuit, T14; default 900)")
     ap.add_argument("--inject", action="append", default=[], metavar="SPEC",
                     help="fault injection for tests: crash:rank=R:after=5s, "
                     "exit:rank=R:code=3:after=8s (epoch=N|all selects the run epoch)")
@@ -75,6 +82,9 @@ def parse(argv: list[str], prog: str = "aegis-flow worker") -> tuple[WorkerConfi
         ap.error("--job is required (or set AEGIS_JOB)")
     if a.world_size < 1 or not 0 <= a.rank < a.world_size:
         ap.error(f"--rank {a.rank} must be within 0..world-size-1 (world size {a.world_size})")
+    if a.hang_quit_after < a.hang_after:
+        ap.error(f"--hang-quit-after ({a.hang_quit_after:g} s) must not be shorter than "
+                 f"--hang-after ({a.hang_after:g} s)")
     try:
         injections = tuple(Injection.parse(s) for s in a.inject)
     except InjectionError as exc:
@@ -85,6 +95,7 @@ def parse(argv: list[str], prog: str = "aegis-flow worker") -> tuple[WorkerConfi
                         master_timeout=a.master_timeout, heartbeat_interval=a.heartbeat,
                         grace=a.grace, injections=injections, work_dir=a.work_dir,
                         prewarm=a.prewarm, nkey_seed=a.nkey_seed,
+                        hang_after=a.hang_after, hang_quit_after=a.hang_quit_after,
                         creds=a.creds), a.outcome_dir
 
 
