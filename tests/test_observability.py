@@ -328,3 +328,23 @@ def test_logs_and_report_say_what_is_missing(tmp_path: Path,
     a = parse("logs", "nojob", "--state-dir", str(tmp_path))
     assert a.handler(a) == 1
     assert "damaged fault log" in capsys.readouterr().err
+
+
+def test_a_taken_metrics_port_does_not_stop_the_master(caplog: pytest.LogCaptureFixture) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        master = Master(MasterConfig(job="j", workers=1, metrics_port=port,
+                                     metrics_addr="127.0.0.1"), store=MemoryStore())
+        assert master._serve_http() is None
+    assert "no metrics endpoint" in caplog.text and "pick another --metrics-port" in caplog.text
+    free = Master(MasterConfig(job="j", workers=1, metrics_port=0, metrics_addr="127.0.0.1"),
+                  store=MemoryStore())
+    server = free._serve_http()
+    try:
+        assert get(server.url + "/readyz")[0] == 503  # not connected, status not loaded
+    finally:
+        server.stop()

@@ -386,10 +386,15 @@ class Master:
         from aegis_flow.master.http import MetricsServer
 
         obs = self.observer
-        server = MetricsServer(
-            render=obs.render, progress=obs.progress, addr=self.cfg.metrics_addr,
-            port=self.cfg.metrics_port,
-            ready=lambda: self.ready and self.nc is not None and self.nc.is_connected).start()
+        try:
+            server = MetricsServer(
+                render=obs.render, progress=obs.progress, addr=self.cfg.metrics_addr,
+                port=self.cfg.metrics_port,
+                ready=lambda: self.ready and self.nc is not None and self.nc.is_connected)
+        except OSError as exc:  # the job runs on without an endpoint; never the reason it stops
+            log.error("no metrics endpoint: %s", exc)
+            return None
+        server.start()
         log.info("metrics on %s/metrics", server.url)
         if self.cfg.port_file:
             with open(self.cfg.port_file + ".tmp", "w") as fh:
