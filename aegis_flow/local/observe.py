@@ -120,6 +120,13 @@ def status_command(a: argparse.Namespace, live: Callable[[argparse.Namespace], i
         rc = live(a)
         port_file = a.state_dir / a.job / "metrics.port"
         if rc == 0 and not a.json and port_file.exists():
+            from aegis_flow.local.progress import fetch_progress
+
+            snap = fetch_progress(port_file)
+            rates = [f"r{w['rank']} {w['step_rate']:.1f}" for w in (snap or {}).get("workers", [])
+                     if isinstance(w.get("step_rate"), int | float)]
+            if rates:
+                print(f"steps/s: {' · '.join(rates)}")
             print(f"metrics: http://127.0.0.1:{port_file.read_text().strip()}/metrics")
         return rc
 
