@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
@@ -65,10 +65,17 @@ class FaultLog:
         self._size = self._fh.tell()
 
     def write(self, rec: Mapping[str, Any]) -> None:
-        line = json.dumps(rec, separators=(",", ":"), ensure_ascii=False) + "\n"
-        self._fh.write(line)
+        self.write_many([rec])
+
+    def write_many(self, recs: Iterable[Mapping[str, Any]]) -> None:
+        """Append records with one write and one flush (they may straddle a rotation)."""
+        text = "".join(json.dumps(rec, separators=(",", ":"), ensure_ascii=False) + "\n"
+                       for rec in recs)
+        if not text:
+            return
+        self._fh.write(text)
         self._fh.flush()
-        self._size += len(line)
+        self._size += len(text)
         if self._size >= self.max_bytes:
             self._rotate()
 

@@ -122,6 +122,7 @@ class Observer:
         self._msg: p.Message | None = None
         self._msg_event: m.Event | None = None
         self._beat_gauges: dict[int, tuple[Any, ...]] = {}
+        self._pending: list[dict[str, Any]] = []  # this transition's fault log lines
 
     # -- labels -----------------------------------------------------------------------------
     @property
@@ -144,9 +145,14 @@ class Observer:
         else:
             v = self.views[rank]
             pod, ip, node, node_ip = v.pod, v.pod_ip, v.node, v.node_ip
-        self.faults.write(record(kind, now=now, phase=phase, message=message, pod=pod,
-                                 pod_ip=ip, node=node, node_ip=node_ip, cause=cause,
-                                 level=level, rank=rank))
+        self._pending.append(record(kind, now=now, phase=phase, message=message, pod=pod,
+                                    pod_ip=ip, node=node, node_ip=node_ip, cause=cause,
+                                    level=level, rank=rank))
+
+    def _flush(self) -> None:
+        if self.faults is not None and self._pending:
+            self.faults.write_many(self._pending)
+            self._pending.clear()
 
     # -- hooks ------------------------------------------------------------------------------
     def loaded(self, status: m.Status, *, resumed: bool, now: float) -> None:
@@ -163,6 +169,7 @@ class Observer:
         if status.phase is not m.Phase.PENDING:
             self._gpu_frozen = self.gpu_type
         self._gauges(None, status)
+        self._flush()
 
     def message(self, msg: p.Message, event: m.Event, now: float) -> None:
         """Before ``step``: remember the message; take the heartbeat's numbers."""
@@ -205,8 +212,14 @@ class Observer:
         """After ``step``: reports, phase starts/ends, recoveries, counters and gauges."""
         msg = self._msg if self._msg_event is event else None
         self._msg = self._msg_event = None
-        data = msg.data if msg is not None else {}
         self.status = after
+        try:
+            self._transition(before, after, event, effects, msg.data if msg else {}, now)
+        finally:
+            self._flush()
+
+    def _transition(self, before: m.Status, after: m.Status, event: m.Event,
+                    effects: list[m.Effect], data: dict[str, Any], now: float) -> None:
         ignored = any(isinstance(e, m.Log) and e.ignored is not None for e in effects)
         if not ignored and not (isinstance(event, m.Ack) and after is before):
             self._report(before, after, event, data, now)
@@ -239,6 +252,7 @@ class Observer:
         """The job's end: the summary line, and a final metrics snapshot beside the log."""
         phase = self.status.phase.value if self.status is not None else ""
         self._line("summary", now, phase, summary)
+        self._flush()
         if self.faults is not None:
             if self.metrics is not None:
                 tmp = self.faults.directory / "metrics.prom.tmp"
