@@ -33,6 +33,15 @@ OUTCOME_BY_CODE: dict[int, str] = {
 }
 
 
+# the master's quit order carries the job's outcome; the supervisor exits with this code
+_EXIT_BY_QUIT = {"success": 0, "stopped": int(ExitCode.STOPPED)}
+
+
+def quit_exit_code(outcome: str) -> int:
+    """The exit code for a quit order with ``outcome`` (anything but success/stopped: 73)."""
+    return _EXIT_BY_QUIT.get(outcome, int(ExitCode.JOB_FAILED))
+
+
 def outcome_of(code: int) -> str:
     """The outcome word a worker pod writes for its exit code."""
     return OUTCOME_BY_CODE.get(code, "failed")

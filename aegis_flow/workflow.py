@@ -20,9 +20,9 @@ from typing import Any
 from hera.workflows import Parameter, Step, Steps, Workflow, WorkflowTemplate
 from hera.workflows import models as m
 
+from aegis_flow import phases
 from aegis_flow.jobspec import JobSpec
 from aegis_flow.templates import common as c
-from aegis_flow.templates import contract
 from aegis_flow.templates.checks import (
     SINGLE_CHECKS,
     bootcheck_template,
@@ -31,7 +31,6 @@ from aegis_flow.templates.checks import (
 )
 from aegis_flow.templates.master import master_addr, master_template, worker_nats_url
 from aegis_flow.templates.recovery import (
-    give_up_guard,
     give_up_template,
     quarantine_template,
     report_template,
@@ -48,40 +47,59 @@ def _ranks(spec: JobSpec) -> m.Sequence:
     return m.Sequence(count=m.IntOrString(str(spec.workers)))
 
 
+def attempt_steps(spec: JobSpec) -> dict[str, Step]:
+    """Every step of an attempt by its phase-graph name, without its ``when`` guard."""
+    return {
+        "bootcheck": Step(
+            name="bootcheck", template=c.BOOTCHECK, with_sequence=_ranks(spec),
+            arguments=[Parameter(name="rank", value="{{item}}"),
+                       Parameter(name="pod-spec-patch", value=c.inp("pod-spec-patch"))]),
+        "run": Step(
+            name="run", template=c.WORKER, with_sequence=_ranks(spec),
+            continue_on=m.ContinueOn(failed=True, error=True),
+            arguments=[Parameter(name="rank", value="{{item}}"),
+                       Parameter(name="nats-url", value=c.inp("nats-url")),
+                       Parameter(name="master-addr", value=c.inp("master-addr")),
+                       Parameter(name="pod-spec-patch", value=c.inp("pod-spec-patch"))]),
+        "verdict": Step(
+            name="verdict", template=c.VERDICT,
+            arguments=[Parameter(name="runs", value="{{steps.run.outputs.parameters}}"),
+                       Parameter(name="attempt", value=c.inp("attempt")),
+                       Parameter(name="excluded-nodes", value=c.inp("excluded-nodes"))]),
+        "troubleshoot": Step(
+            name="troubleshoot", template=c.TROUBLESHOOT, with_param=BAD_NODES,
+            continue_on=m.ContinueOn(failed=True),
+            arguments=[Parameter(name="node", value="{{item}}")]),
+        "quarantine": Step(
+            name="quarantine", template=c.QUARANTINE, with_param=BAD_NODES,
+            continue_on=m.ContinueOn(failed=True),
+            arguments=[Parameter(name="node", value="{{item}}"),
+                       Parameter(name="reason",
+                                 value="{{workflow.name}} attempt " + c.inp("attempt"))]),
+        "resume": resume_step(),
+        "give-up": Step(
+            name="give-up", template=c.GIVE_UP,
+            arguments=[Parameter(name="verdict", value=VERDICT_PARAM),
+                       Parameter(name="attempt", value=c.inp("attempt"))]),
+    }
+
+
 def attempt_template(spec: JobSpec) -> Steps:
-    """One attempt of the job; recursive through ``resume``."""
-    quarantine_when = f"'{VERDICT_PARAM}' == '{contract.QUARANTINE}'"
+    """One attempt of the job, recursive through ``resume``: the steps of the phase graph
+    (``aegis_flow.phases``) in its order, each after-verdict step guarded by its branches."""
+    steps = attempt_steps(spec)
+    ordered: list[Any] = []
+    for ps in phases.ATTEMPT:
+        s = steps[ps.name]
+        if ps.after_verdict:
+            s.when = phases.guard(ps.name, VERDICT_PARAM, c.inp("attempt"),
+                                  c.wf_param("max-retry"))
+        ordered.append(s)
     return Steps(
         name=c.ATTEMPT,
         inputs=c.params("attempt", "nats-url", "master-addr", excluded_nodes="[]",
                         pod_spec_patch="{}"),
-        sub_steps=[
-            Step(name="bootcheck", template=c.BOOTCHECK, with_sequence=_ranks(spec),
-                 arguments=[Parameter(name="rank", value="{{item}}"),
-                            Parameter(name="pod-spec-patch", value=c.inp("pod-spec-patch"))]),
-            Step(name="run", template=c.WORKER, with_sequence=_ranks(spec),
-                 continue_on=m.ContinueOn(failed=True, error=True),
-                 arguments=[Parameter(name="rank", value="{{item}}"),
-                            Parameter(name="nats-url", value=c.inp("nats-url")),
-                            Parameter(name="master-addr", value=c.inp("master-addr")),
-                            Parameter(name="pod-spec-patch", value=c.inp("pod-spec-patch"))]),
-            Step(name="verdict", template=c.VERDICT,
-                 arguments=[Parameter(name="runs", value="{{steps.run.outputs.parameters}}"),
-                            Parameter(name="attempt", value=c.inp("attempt")),
-                            Parameter(name="excluded-nodes", value=c.inp("excluded-nodes"))]),
-            Step(name="troubleshoot", template=c.TROUBLESHOOT, when=quarantine_when,
-                 with_param=BAD_NODES, continue_on=m.ContinueOn(failed=True),
-                 arguments=[Parameter(name="node", value="{{item}}")]),
-            Step(name="quarantine", template=c.QUARANTINE, when=quarantine_when,
-                 with_param=BAD_NODES, continue_on=m.ContinueOn(failed=True),
-                 arguments=[Parameter(name="node", value="{{item}}"),
-                            Parameter(name="reason",
-                                      value="{{workflow.name}} attempt " + c.inp("attempt"))]),
-            [resume_step(),
-             Step(name="give-up", template=c.GIVE_UP, when=give_up_guard(),
-                  arguments=[Parameter(name="verdict", value=VERDICT_PARAM),
-                             Parameter(name="attempt", value=c.inp("attempt"))])],
-        ])
+        sub_steps=ordered)
 
 
 def main_template(spec: JobSpec) -> Steps:

@@ -48,8 +48,8 @@ def test_master_daemon_at_the_top_then_the_attempt(wf: dict[str, Any]) -> None:
 def test_attempt_phases_in_order(wf: dict[str, Any]) -> None:
     attempt = templates(wf)["attempt"]
     assert [[s["name"] for s in g] for g in attempt["steps"]] == [
-        ["bootcheck"], ["run"], ["verdict"], ["troubleshoot"], ["quarantine"],
-        ["resume", "give-up"]]
+        ["bootcheck"], ["run"], ["verdict"], ["troubleshoot"], ["quarantine"], ["resume"],
+        ["give-up"]]
     s = steps(attempt)
     assert s["bootcheck"]["withSequence"] == {"count": "4"}
     assert s["run"]["withSequence"] == {"count": "4"}

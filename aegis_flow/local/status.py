@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from aegis_flow.master.runtime import summary
 from aegis_flow.master.store import decode_doc
+from aegis_flow.phases import step_of
 
 
 def render(raw: bytes) -> str:
     status, doc = decode_doc(raw)
     lines = [
-        f"phase        {status.phase.value}",
+        f"phase        {status.phase.value} (step {step_of(status.phase)} of the phase graph, "
+        "as on Argo)",
         f"seq          {status.seq}",
         f"recoverCount {status.recover_count} (max-retry {status.max_retry})",
         f"errorNodes   {', '.join(sorted(status.error_nodes)) or '-'}",

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aegis_flow import protocol as p
+from aegis_flow.outcome import quit_exit_code
 from aegis_flow.steps.classify import UNKNOWN_CAUSE, Cause, CauseTable, classify, load_table
 from aegis_flow.steps.hang import HangWatchdog, ProgressSocket, collect_stacks
 from aegis_flow.supervisor import child as childmod
@@ -283,7 +284,7 @@ class Supervisor:
             if order == "exit":
                 code = int(msg.data.get("exit_code", 71))
             else:
-                code = {"success": 0, "stopped": 74}.get(str(msg.data.get("outcome")), 73)
+                code = quit_exit_code(str(msg.data.get("outcome")))
             self.phase = "Succeed" if code == 0 else "Failed"
             self._finish(code)
         else:

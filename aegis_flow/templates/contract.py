@@ -21,10 +21,13 @@ from aegis_flow.outcome import outcome_of as outcome_of
 # exit codes the worker template's retryStrategy retries as a new pod (DESIGN.md §5)
 POD_RETRY_CODES: tuple[int, ...] = (int(ExitCode.NODE_FAULT), int(ExitCode.CONTAINER_RESTART))
 
-# verdicts of one attempt; ESCALATE ones start troubleshoot → (quarantine) → resume
-SUCCEEDED, FAILED, STOPPED, QUARANTINE, RETRY = (
-    "succeeded", "failed", "stopped", "quarantine", "retry")
-ESCALATE = (QUARANTINE, RETRY)
+# verdicts of one attempt (the phase graph's branch labels); ESCALATE ones resume
+from aegis_flow.phases import ESCALATE as ESCALATE  # noqa: E402
+from aegis_flow.phases import FAILED as FAILED  # noqa: E402
+from aegis_flow.phases import QUARANTINE as QUARANTINE  # noqa: E402
+from aegis_flow.phases import RETRY as RETRY  # noqa: E402
+from aegis_flow.phases import STOPPED as STOPPED  # noqa: E402
+from aegis_flow.phases import SUCCEEDED as SUCCEEDED  # noqa: E402
 
 
 def worker_retry_expression() -> str:

@@ -36,14 +36,11 @@ def quarantine_template(spec: JobSpec) -> Container:
 
 
 def resume_step() -> Step:
-    """``attempt`` again with attempt+1 and the grown exclusion list — only when the verdict
-    escalates and ``attempt < max-retry`` (the recursion guard)."""
-    v = "{{steps.verdict.outputs.parameters.verdict}}"
+    """``attempt`` again with attempt+1 and the grown exclusion list (its ``when`` guard —
+    escalate and ``attempt < max-retry``, the recursion guard — comes from the phase graph)."""
     return Step(
         name="resume",
         template=c.ATTEMPT,
-        when=(f"('{v}' == '{contract.QUARANTINE}' || '{v}' == '{contract.RETRY}') && "
-              f"{c.inp('attempt')} < {c.wf_param('max-retry')}"),
         arguments=[
             Parameter(name="attempt", value="{{steps.verdict.outputs.parameters.next-attempt}}"),
             Parameter(name="excluded-nodes",
@@ -53,14 +50,6 @@ def resume_step() -> Step:
             Parameter(name="nats-url", value=c.inp("nats-url")),
             Parameter(name="master-addr", value=c.inp("master-addr")),
         ])
-
-
-def give_up_guard() -> str:
-    """True when the attempt ends the job unsuccessfully (the complement of resume/success)."""
-    v = "{{steps.verdict.outputs.parameters.verdict}}"
-    return (f"'{v}' == '{contract.FAILED}' || '{v}' == '{contract.STOPPED}' || "
-            f"(('{v}' == '{contract.QUARANTINE}' || '{v}' == '{contract.RETRY}') && "
-            f"{c.inp('attempt')} >= {c.wf_param('max-retry')})")
 
 
 def give_up_template(spec: JobSpec) -> Container:
