@@ -79,6 +79,25 @@ def test_rdma_and_gpu_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main(["check", "gpu", "--expect-gpus", "0"]) == 0  # nothing to check here
 
 
+def test_the_sysfs_root_comes_from_the_environment(tmp_path: Path) -> None:
+    """AEGIS_SYSFS_ROOT (how a worker on a node gets its root) is the default; the flag wins."""
+    port = tmp_path / "class/infiniband/mlx5_0/ports/1"
+    port.mkdir(parents=True)
+    (port / "state").write_text("1: DOWN\n")
+    (port / "phys_state").write_text("3: Disabled\n")
+    env = {"PATH": "/usr/bin:/bin", "AEGIS_SYSFS_ROOT": str(tmp_path)}
+    cmd = [sys.executable, "-m", "aegis_flow.steps.cli", "check", "rdma", "--json"]
+    bad = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert bad.returncode == 1, bad.stderr
+    [r] = json.loads(bad.stdout)
+    assert r["status"] == "fail" and "mlx5_0/1" in r["detail"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    flag = subprocess.run([*cmd, "--sysfs-root", str(empty)], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=60)
+    assert flag.returncode == 0 and json.loads(flag.stdout)[0]["status"] == "not_applicable"
+
+
 @contextlib.contextmanager
 def read_only(path: Path) -> Iterator[Path]:
     path.mkdir()
