@@ -314,13 +314,28 @@ def test_a_token_replayed_after_the_job_ended_is_refused(server: Server,
                            job="job-h", namespace="default", workers=1, nats_url=server.url)
         cfg = MasterConfig(job="job-h", workers=1, nats_url=server.url, linger=30.0,
                            connect_timeout=60.0, observe=False)
-        run = asyncio.ensure_future(Master(cfg, security=svc).run())
+        mst = Master(cfg, security=svc)
+        run = asyncio.ensure_future(mst.run())
         while not svc.port:
             await asyncio.sleep(0.05)
         ok = await asyncio.get_running_loop().run_in_executor(
             None, fetch, init_config(svc, "job-h", "0", tmp_path))
         assert ok.jwt and svc.issuer.minted == 1
         subjects = p.Subjects("default", "job-h")
+        # rank 0 heartbeats with its credentials, so the master lingers after the end
+        w = await Client().connect(server.url, **cf.Session(ok).connect_options())
+
+        async def beat() -> None:
+            while True:
+                ack = p.Message(job="job-h", namespace="default", pod_name="w0",
+                                type=p.MsgType.ACK, rank=0, incarnation="i0",
+                                timestamp=time.time())
+                await w.nc.publish(subjects.master, ack.encode())
+                await asyncio.sleep(0.2)
+
+        beating = asyncio.ensure_future(beat())
+        while 0 not in mst.last_seen:  # the master hears rank 0 before the job ends
+            await asyncio.sleep(0.05)
         op = await Client().connect(server.url, **operator.user_options(
             server.auth, nj.Permissions(pub=(subjects.control,), sub=()), name="op",
             now=time.time()))
@@ -334,6 +349,9 @@ def test_a_token_replayed_after_the_job_ended_is_refused(server: Server,
             await asyncio.get_running_loop().run_in_executor(
                 None, fetch, init_config(svc, "job-h", "0", tmp_path))
         assert err.value.refused and svc.issuer.minted == 1
+        assert w.errors == []  # the worker's reports were within its permissions
+        beating.cancel()
+        await w.nc.close()
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await run
