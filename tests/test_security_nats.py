@@ -264,7 +264,14 @@ def test_two_jobs_side_by_side_never_see_each_other(server: Server, tmp_path: Pa
                 await m.nc.publish(s.worker(0), f"{job}:to-0".encode())
             for c in [ma, mb, *workers["side-a"], *workers["side-b"]]:
                 await c.nc.flush()
-            await asyncio.sleep(0.5)
+            want = {id(ma): 2, id(mb): 2, **{id(w): 2 - r for ws in workers.values()
+                                            for r, w in enumerate(ws)}}
+            deadline = time.monotonic() + 10  # generous: a loaded machine delivers late
+            while any(len(c.got) < want[id(c)] for c in [ma, mb, *workers["side-a"],
+                                                          *workers["side-b"]]):
+                assert time.monotonic() < deadline, "expected messages did not arrive"
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)  # anything extra (the other job's) would be here by now
             for job, (_, m) in jobs.items():
                 assert sorted(d for _, d in m.got) == [f"{job}:0".encode(), f"{job}:1".encode()]
                 for rank, w in enumerate(workers[job]):
