@@ -56,7 +56,7 @@ def add_parsers(sub: Any) -> None:
                    help="DEBUGGING ONLY: run the embedded NATS without authentication, so any "
                    "local process can read and forge the job's messages (default: operator "
                    "mode, per-worker credentials fetched over gRPC)")
-    r.add_argument("--jwt-lifetime", type=float, default=3600.0,
+    r.add_argument("--jwt-lifetime", type=positive_seconds, default=3600.0,
                    help="seconds a worker's NATS credentials live before renewal (default 3600)")
     r.add_argument("--metrics-port", type=port, default=0,
                    help="the master's /metrics, /healthz, /readyz port (default 0: a free "

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import sys
 
-from aegis_flow.argtypes import port
+from aegis_flow.argtypes import port, positive_seconds
 from aegis_flow.master.endpoints import DEFAULT_METRICS_PORT
 from aegis_flow.master.runtime import Master, MasterConfig
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     sec.add_argument("--tls-key", default="", help="... and this key")
     sec.add_argument("--tls-client-ca", default="",
                      help="require client certificates signed by this CA (mutual TLS)")
-    sec.add_argument("--jwt-lifetime", type=float, default=3600.0,
+    sec.add_argument("--jwt-lifetime", type=positive_seconds, default=3600.0,
                      help="seconds a worker's JWT lives (renewed at 2/3; default 3600)")
     sec.add_argument("--advertise-nats-url", action="append", default=[],
                      help="NATS URL workers should dial (default: --nats-url); repeatable")

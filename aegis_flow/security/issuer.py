@@ -27,6 +27,8 @@ import nkeys
 from aegis_flow import protocol as p
 from aegis_flow.security import natsjwt as nj
 
+MIN_LIFETIME = 2.0
+
 
 class Code(enum.Enum):
     UNAUTHENTICATED = "UNAUTHENTICATED"
@@ -104,6 +106,9 @@ class Issuer:
     def __post_init__(self) -> None:
         if len(self.token) < 16:
             raise ValueError("the bootstrap token must be at least 16 characters")
+        if self.lifetime < MIN_LIFETIME:
+            raise ValueError(f"a JWT lifetime of {self.lifetime:g} s is too short (at least "
+                             f"{MIN_LIFETIME:g} s: expiry is in whole seconds)")
         self.subjects = p.Subjects(self.namespace, self.job)
 
     # -- requests -----------------------------------------------------------------------------

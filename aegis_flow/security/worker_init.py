@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aegis_flow.argtypes import non_negative_int, positive_seconds
 from aegis_flow.security import natsjwt as nj
 from aegis_flow.supervisor import creds as cf
 
@@ -134,8 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tls-key", default="", help="client key (mutual TLS)")
     ap.add_argument("--tls-server-name", default="",
                     help="expected name in the master's certificate, if not the host dialled")
-    ap.add_argument("--deadline", type=float, default=5.0, help="seconds per attempt (default 5)")
-    ap.add_argument("--retries", type=int, default=4,
+    ap.add_argument("--deadline", type=positive_seconds, default=5.0,
+                    help="seconds per attempt (default 5)")
+    ap.add_argument("--retries", type=non_negative_int, default=4,
                     help="retries when the master is unreachable (default 4, with backoff)")
     ap.add_argument("--exec", dest="exec_", action="store_true",
                     help="then replace this process with the command after '--' (whatever "
@@ -156,8 +158,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"missing {', '.join(missing)}")
     if a.exec_ and not command:
         ap.error("--exec needs a command after '--'")
-    if a.deadline <= 0 or a.retries < 0:
-        ap.error("--deadline must be > 0 and --retries >= 0")
     from aegis_flow.security.tokens import read_token
 
     code = 0
