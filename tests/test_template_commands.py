@@ -1,0 +1,118 @@
+"""The commands the workflow templates run parse with the real command-line parsers.
+
+A flag renamed in a CLI (the master, the supervisor, worker-init, the checks, ``nodes``) but
+not in a template would only show on a cluster; here every rendered command line, with its
+``{{…}}`` placeholders replaced by sample values, is parsed by the parser that will read it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aegis_flow.jobspec import JobSpec
+from aegis_flow.workflow import render
+
+SAMPLE = {"inputs.parameters.rank": "1", "inputs.parameters.nats-url": "nats://10.0.0.5:4222",
+          "inputs.parameters.master-addr": "10.0.0.5:50051", "inputs.parameters.node": "n-7",
+          "inputs.parameters.reason": "wf-abc attempt 0", "workflow.name": "wf-abc",
+          "workflow.parameters.max-retry": "3"}
+WF = render(JobSpec(image="img", command=("python", "train.py", "--lr", "3"), workers=4,
+                    gpus_per_worker=2, max_retry=3))
+T = {t["name"]: t for t in WF["spec"]["templates"]}
+
+
+def fill(argv: list[str]) -> list[str]:
+    out = [re.sub(r"\{\{([^}]+)\}\}", lambda m: SAMPLE[m.group(1).strip()], a) for a in argv]
+    assert not any("{{" in a for a in out), out
+    return out
+
+
+def test_the_worker_command_parses_with_the_supervisor() -> None:
+    from aegis_flow.supervisor.__main__ import parse
+
+    c = T["worker"]["container"]
+    argv = fill(c["command"])
+    assert argv[:2] == ["python3", "/aegis/aegis-supervisor.pyz"]
+    cfg, outcome_dir = parse(argv[2:])
+    assert (cfg.rank, cfg.world_size, cfg.job) == (1, 4, "wf-abc")
+    assert cfg.command == ("python", "train.py", "--lr", "3")
+    assert cfg.creds == "/aegis/creds"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["AEGIS_OUTCOME_DIR"] == "/tmp/aegis"  # the supervisor's --outcome-dir default
+
+
+def test_worker_init_parses_with_worker_init() -> None:
+    from aegis_flow.security.worker_init import build_parser
+
+    init = {i["name"]: i for i in T["worker"]["initContainers"]}["aegis-worker-init"]
+    argv = fill(init["command"] + init["args"])
+    assert argv[:2] == ["aegis-flow", "worker-init"]
+    a = build_parser().parse_args(argv[2:])
+    assert (a.master, a.job, a.worker, a.out) == ("10.0.0.5:50051", "wf-abc", "1",
+                                                  "/aegis/creds")
+    assert a.token_file == "/var/run/aegis/bootstrap/token"
+
+
+@pytest.mark.parametrize("template", ["bootcheck", "troubleshoot"])
+def test_check_pods_parse_with_the_check_cli(template: str) -> None:
+    import argparse
+
+    from aegis_flow.steps.cli import add_parsers
+
+    c = T[template]["container"]
+    argv = fill(c["command"] + c["args"])
+    assert argv[:2] == ["python3", "/aegis/aegis-supervisor.pyz"]  # the bundle's `check`
+    ap = argparse.ArgumentParser()
+    add_parsers(ap.add_subparsers(dest="command", required=True))
+    a = ap.parse_args(argv[2:])
+    assert a.command == "check" and a.out == "/tmp/aegis/check.json"
+
+
+def test_the_quarantine_step_parses_with_aegis_flow() -> None:
+    from aegis_flow.cli import build_parser
+
+    argv = fill(T["quarantine"]["container"]["command"])
+    a = build_parser().parse_args(argv[1:])
+    assert (a.nodes_command, a.names, a.reason, a.by) == ("quarantine", ["n-7"],
+                                                          "wf-abc attempt 0", "wf-abc")
+    assert a.record == "/tmp/aegis/quarantine.json"
+
+
+def test_the_master_command_parses_and_configures_the_master(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real master entry point up to the moment it would start (Master is replaced)."""
+    import aegis_flow.master.__main__ as master_main
+    from aegis_flow.security.operator import bootstrap
+
+    c = T["master"]["container"]
+    argv = fill(c["command"] + c["args"])
+    assert argv[:3] == ["python", "-m", "aegis_flow.master"]
+    auth = tmp_path / "auth"
+    bootstrap(auth)
+    args = argv[3:]
+    args[args.index("--auth-dir") + 1] = str(auth)  # the pod's emptyDir, here a real auth dir
+    monkeypatch.setenv("AEGIS_BOOTSTRAP_TOKEN", "t" * 32)
+    seen: dict[str, Any] = {}
+
+    class Capture:
+        def __init__(self, cfg: Any, *, security: Any = None) -> None:
+            seen.update(cfg=cfg, security=security)
+
+        async def run(self) -> int:
+            return 0
+
+    monkeypatch.setattr(master_main, "Master", Capture)
+    assert master_main.main(args) == 0
+    cfg = seen["cfg"]
+    assert (cfg.job, cfg.workers, cfg.max_retry, cfg.metrics_port) == ("wf-abc", 4, 3, 9464)
+    probe = c["readinessProbe"]["httpGet"]
+    assert probe == {"path": "/readyz", "port": cfg.metrics_port}
+    security = seen["security"]  # --auth-dir: it serves SyncWorkerCreds, where workers dial
+    assert security.cfg.grpc_listen == "0.0.0.0:50051"
+    assert security.cfg.token == "t" * 32  # from the Secret, through the environment
+    init = {i["name"]: i for i in T["worker"]["initContainers"]}["aegis-worker-init"]
+    assert init["args"][init["args"].index("--master") + 1].endswith(":50051")
