@@ -114,5 +114,6 @@ def test_the_master_command_parses_and_configures_the_master(
     security = seen["security"]  # --auth-dir: it serves SyncWorkerCreds, where workers dial
     assert security.cfg.grpc_listen == "0.0.0.0:50051"
     assert security.cfg.token == "t" * 32  # from the Secret, through the environment
-    init = {i["name"]: i for i in T["worker"]["initContainers"]}["aegis-worker-init"]
-    assert init["args"][init["args"].index("--master") + 1].endswith(":50051")
+    attempt0 = {p["name"]: p["value"] for p in T["main"]["steps"][1][0]["arguments"][
+        "parameters"]}
+    assert attempt0["master-addr"] == "{{steps.master.ip}}:50051"  # → worker-init --master
