@@ -180,3 +180,23 @@ def test_the_adapter_turns_http_errors_into_clear_ones(status: int, kind: type[E
             KubeNodeApi.from_host(srv.url).get_node("n")
     assert isinstance(info.value, NodeApiError)
     assert info.value.retryable == (status == 503)
+
+
+def test_the_master_quarantines_the_node_of_a_hardware_fault() -> None:
+    """The master's Quarantine effect, executed with a NodeApi (the fake; a thread)."""
+    import asyncio
+
+    from aegis_flow.master import model as mm
+    from aegis_flow.master.runtime import Master, MasterConfig
+
+    api = cluster()
+
+    async def go() -> None:
+        master = Master(MasterConfig(job="job-7", workers=2, observe=False), nodes=api)
+        await master._execute(mm.Quarantine(rank=1, node="gpu-2"))
+        await asyncio.wait_for(asyncio.gather(*master.node_jobs), 30)
+
+    asyncio.run(go())
+    info = api.get_node("gpu-2")
+    assert info.quarantined and info.by == "job-7" and "rank 1" in info.reason
+    assert not api.get_node("gpu-1").quarantined

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 from aegis_flow.jobspec import JobSpec
+from aegis_flow.k8s.api import FakeNodeApi
+from aegis_flow.k8s.client import KubeNodeApi
 from aegis_flow.workflow import render
 
 SAMPLE = {"inputs.parameters.rank": "1", "inputs.parameters.nats-url": "nats://10.0.0.5:4222",
@@ -99,18 +101,21 @@ def test_the_master_command_parses_and_configures_the_master(
     seen: dict[str, Any] = {}
 
     class Capture:
-        def __init__(self, cfg: Any, *, security: Any = None) -> None:
-            seen.update(cfg=cfg, security=security)
+        def __init__(self, cfg: Any, *, security: Any = None, nodes: Any = None) -> None:
+            seen.update(cfg=cfg, security=security, nodes=nodes)
 
         async def run(self) -> int:
             return 0
 
     monkeypatch.setattr(master_main, "Master", Capture)
+    fake_nodes = FakeNodeApi()
+    monkeypatch.setattr(KubeNodeApi, "connect", classmethod(lambda cls, **kw: fake_nodes))
     assert master_main.main(args) == 0
     cfg = seen["cfg"]
     assert (cfg.job, cfg.workers, cfg.max_retry, cfg.metrics_port) == ("wf-abc", 4, 3, 9464)
     probe = c["readinessProbe"]["httpGet"]
     assert probe == {"path": "/readyz", "port": cfg.metrics_port}
+    assert seen["nodes"] is fake_nodes  # --quarantine-nodes: the kubernetes client
     security = seen["security"]  # --auth-dir: it serves SyncWorkerCreds, where workers dial
     assert security.cfg.grpc_listen == "0.0.0.0:50051"
     assert security.cfg.token == "t" * 32  # from the Secret, through the environment

@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="seconds a worker's JWT lives (renewed at 2/3; default 3600)")
     sec.add_argument("--advertise-nats-url", action="append", default=[],
                      help="NATS URL workers should dial (default: --nats-url); repeatable")
+    ap.add_argument("--quarantine-nodes", action="store_true",
+                    help="on Kubernetes: label and taint the node of a hardware fault "
+                    "(the kubernetes client; needs nodes get/patch: aegis-flow install)")
     a = ap.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="[aegis-flow master] %(message)s")
@@ -83,8 +86,17 @@ def main(argv: list[str] | None = None) -> int:
                 job=a.job, namespace=a.namespace, workers=a.workers, nats_url=a.nats_url)
         except (ValueError, AuthDirError) as exc:
             ap.error(str(exc))
+    nodes = None
+    if a.quarantine_nodes:
+        from aegis_flow.k8s.api import NodeApiError
+        from aegis_flow.k8s.client import KubeNodeApi
+
+        try:
+            nodes = KubeNodeApi.connect()
+        except NodeApiError as exc:
+            ap.error(str(exc))
     try:
-        return asyncio.run(Master(cfg, security=security).run())
+        return asyncio.run(Master(cfg, security=security, nodes=nodes).run())
     except KeyboardInterrupt:
         return 130
 

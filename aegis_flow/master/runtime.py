@@ -62,9 +62,11 @@ def free_port(addr: str = "127.0.0.1") -> int:
 
 class Master:
     def __init__(self, cfg: MasterConfig, *, store: Store | None = None,
-                 security: CredsService | None = None) -> None:
+                 security: CredsService | None = None, nodes: Any = None) -> None:
         self.cfg = cfg
         self.security = security  # per-worker NATS credentials (master/creds.py), or none
+        self.nodes = nodes  # a k8s.api.NodeApi on Kubernetes: Quarantine labels/taints the node
+        self.node_jobs: list[asyncio.Future[None]] = []
         self.subjects = p.Subjects(cfg.namespace, cfg.job)
         self.store = store
         self.status = m.initial_status(cfg.workers, cfg.max_retry, flap_limit=cfg.flap_limit)
@@ -174,6 +176,21 @@ class Master:
         elif isinstance(effect, m.Quarantine):
             self.stats["quarantined"] += 1
             self._note(f"node {effect.node} of rank {effect.rank} quarantined", logging.WARNING)
+            if self.nodes is not None and effect.node:  # the client blocks: a worker thread
+                self.node_jobs.append(asyncio.get_running_loop().run_in_executor(
+                    None, self._quarantine_node, effect))
+
+    def _quarantine_node(self, effect: m.Quarantine) -> None:
+        """Label, taint and annotate the node on Kubernetes (k8s.ops; runs in a thread)."""
+        from aegis_flow.k8s import ops
+
+        reason = f"hardware fault of rank {effect.rank}"
+        for r in ops.quarantine(self.nodes, [effect.node], reason=reason, now=time.time(),
+                                by=self.cfg.job):
+            if r.error:
+                log.warning("quarantining node %s failed: %s", r.node, r.error)
+            else:
+                log.warning("node %s: %s (%s)", r.node, r.action, r.reason)
 
     async def _publish(self, subject: str, effect: m.Broadcast | m.Send | m.ExitWorker,
                        now: float) -> None:

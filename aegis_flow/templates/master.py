@@ -36,7 +36,7 @@ def master_args(spec: JobSpec) -> list[str]:
             "--nats-url", master_nats_url(spec),
             "--metrics-port", str(spec.metrics_port),
             "--auth-dir", inject.AUTH_DIR, "--token-env", "AEGIS_BOOTSTRAP_TOKEN",
-            "--grpc-listen", f"0.0.0.0:{spec.grpc_port}"]
+            "--grpc-listen", f"0.0.0.0:{spec.grpc_port}", "--quarantine-nodes"]
 
 
 def master_template(spec: JobSpec) -> Container:
