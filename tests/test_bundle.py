@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -205,3 +206,52 @@ def test_check_pods_run_the_checks_from_the_bundle(clean_python: str, bundle: Pa
     assert out.returncode == 0, out.stdout + out.stderr
     results = json.loads((tmp_path / "r.json").read_text())
     assert {r["check_type"] for r in results} == {"env", "runtime"}
+
+
+OPTIONAL = {"torch", "numpy", "pynvml", "tomli", "py_spy"}  # the checks import them lazily
+
+
+def unbundled_imports(files: dict[str, str]) -> set[tuple[str, str]]:
+    """(file, module) for every import of a bundled file that the bundle cannot satisfy."""
+    import ast
+
+    bundled = {n.removeprefix("payload/").removesuffix(".py").removesuffix("/__init__")
+               .replace("/", ".") for n in files}
+    packages = {n.removeprefix("payload/").removesuffix("/__init__.py").replace("/", ".")
+                for n in files if n.endswith("/__init__.py")}
+    missing = set()
+    for name, text in files.items():
+        for node in ast.walk(ast.parse(text, name)):
+            wanted: list[str] = []
+            if isinstance(node, ast.Import):
+                wanted = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                wanted = [node.module]
+                if node.module in packages:  # from package import X: a submodule, or a
+                    init = files["payload/" + node.module.replace(".", "/") + "/__init__.py"]
+                    wanted += [f"{node.module}.{a.name}" for a in node.names  # name in __init__
+                               if not re.search(rf"\b{a.name}\b", init)]
+            for mod in wanted:
+                root = mod.split(".")[0]
+                if root == "aegis_flow" and mod not in bundled:
+                    missing.add((name, mod))
+                elif root != "aegis_flow" and root not in sys.stdlib_module_names and \
+                        root not in ("nats", "nkeys", *OPTIONAL):
+                    missing.add((name, mod))
+    return missing
+
+
+def test_every_module_the_payload_imports_is_in_the_payload(bundle: Path) -> None:
+    """Drift guard: a new import in the supervisor of a module the bundle leaves out would only
+    fail in a user's image. Every ``aegis_flow`` module a bundled file imports is bundled;
+    every third-party one is nats or nkeys (or one the checks import lazily)."""
+    with zipfile.ZipFile(bundle) as zf:
+        files = {n: zf.read(n).decode() for n in zf.namelist()
+                 if n.startswith("payload/") and n.endswith(".py")}
+    assert unbundled_imports(files) == set()
+    planted = {**files, "payload/aegis_flow/supervisor/planted.py":
+               "from aegis_flow import workflow\nimport aegis_flow.k8s.client\nimport yaml\n"}
+    assert unbundled_imports(planted) == {
+        ("payload/aegis_flow/supervisor/planted.py", "aegis_flow.workflow"),
+        ("payload/aegis_flow/supervisor/planted.py", "aegis_flow.k8s.client"),
+        ("payload/aegis_flow/supervisor/planted.py", "yaml")}
