@@ -104,3 +104,16 @@ def test_an_unreachable_server_and_a_url_without_scheme() -> None:
     with pytest.raises(SubmitError, match="needs a scheme"):
         submit(doc, server="argo.example.com:2746", token="t", namespace="default")
     assert bearer("x") == "Bearer x" and bearer("Bearer y") == "Bearer y"
+
+
+def test_render_flags_for_the_bundle_and_the_metrics_port(tmp_path: Path) -> None:
+    out = tmp_path / "wf.yaml"
+    assert main(["render", "--image", "I", "--python", "/opt/conda/bin/python",
+                 "--metrics-port", "9100", "-o", str(out), "--", "python", "t.py"]) == 0
+    t = {x["name"]: x for x in yaml.safe_load(out.read_text())["spec"]["templates"]}
+    assert t["worker"]["container"]["command"][:2] == ["/opt/conda/bin/python",
+                                                       "/aegis/aegis-supervisor.pyz"]
+    assert t["master"]["container"]["readinessProbe"]["httpGet"]["port"] == 9100
+    assert main(["render", "--image", "I", "--no-bundle", "-o", str(out), "--", "x"]) == 0
+    t = {x["name"]: x for x in yaml.safe_load(out.read_text())["spec"]["templates"]}
+    assert t["worker"]["container"]["command"][:2] == ["aegis-flow", "worker"]

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from aegis_flow.argtypes import non_negative_int, positive_int
+from aegis_flow.argtypes import non_negative_int, port, positive_int
 
 
 def add_parsers(sub: Any) -> None:
@@ -73,6 +73,11 @@ def _job_flags(r: Any) -> None:
     r.add_argument("--nats-url", help="external NATS (default: embedded in the master pod)")
     r.add_argument("--aegis-image", help="image with aegis-flow (master, init containers, "
                    "verdict, quarantine, report)")
+    r.add_argument("--python", help="the interpreter in the training image that runs the "
+                   "supervisor bundle (default python3)")
+    r.add_argument("--no-bundle", dest="inject_supervisor", action="store_false", default=None,
+                   help="the training image has aegis-flow installed: no bundle init container")
+    r.add_argument("--metrics-port", type=port, help="the master's /metrics and /readyz port")
     r.add_argument("train_command", nargs="*", metavar="CMD",
                    help="the training command, after '--'")
 
@@ -84,7 +89,8 @@ def _spec_from_args(args: argparse.Namespace) -> Any:
     if args.file:
         fields = JobSpec.from_file(args.file).model_dump()
     for key in ("name", "image", "workers", "gpus_per_worker", "max_retry", "namespace",
-                "service_account", "nats_url", "aegis_image"):
+                "service_account", "nats_url", "aegis_image", "python", "inject_supervisor",
+                "metrics_port"):
         value = getattr(args, key)
         if value is not None:
             fields[key] = value
