@@ -63,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     from aegis_flow.bundle import cli as bundle_cli
     from aegis_flow.k8s import cli as k8s_cli
     from aegis_flow.local import cli as local_cli
-    from aegis_flow.security import cli as security_cli
     from aegis_flow.local import observe as observe_cli
+    from aegis_flow.security import cli as security_cli
     from aegis_flow.steps import cli as steps_cli
     from aegis_flow.templates import cli as argo_cli
 
