@@ -98,9 +98,14 @@ def _nkey_user() -> tuple[str, bytes]:
     return nkeys.from_seed(seed).public_key.decode(), seed
 
 
-def test_bundle_info_under_a_clean_python(clean_python: str, bundle: Path,
-                                          tmp_path: Path) -> None:
-    out = subprocess.run([clean_python, "-I", str(bundle), "--bundle-info"],
+BASE = str(Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}")
+
+
+@pytest.mark.parametrize("flags", [["-I"], ["-I", "-S"]], ids=["venv -I", "base -I -S"])
+def test_bundle_info_under_a_clean_python(clean_python: str, bundle: Path, tmp_path: Path,
+                                          flags: list[str]) -> None:
+    python = clean_python if "-S" not in flags else BASE  # -S: not even the base's site dirs
+    out = subprocess.run([python, *flags, str(bundle), "--bundle-info"],
                          capture_output=True, text=True, timeout=60,
                          env={"PATH": os.environ["PATH"], "AEGIS_BUNDLE_CACHE": str(tmp_path)})
     assert out.returncode == 0, out.stderr
@@ -132,12 +137,20 @@ def test_a_real_job_runs_through_the_bundle_with_nkey_auth(
              "--metrics-port", "0"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         env = {"PATH": os.environ["PATH"], "AEGIS_BUNDLE_CACHE": str(tmp_path / "cache")}
+        hello = tmp_path / "hello.py"
+        hello.write_text("import os, sys, aegis_flow.progress\nprint('hello from rank', "
+                         "os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\n"
+                         "print('forked from the pre-warmed interpreter:', 'runpy' in "
+                         "sys.modules)\n")
+        commands = [  # rank 0: a shell; rank 1: Python, forked from the pre-warmed
+            # interpreter, importing aegis_flow (on PYTHONPATH from the bundle) itself
+            ["--no-prewarm", "--", "sh", "-c", 'echo "hello from rank $RANK of $WORLD_SIZE"'],
+            ["--", clean_python, str(hello)]]
         workers = [subprocess.Popen(
             [clean_python, "-I", str(bundle), "--job", "bundled", "--rank", str(r),
              "--world-size", "2", "--nats-url", server.url, "--nkey-seed", str(seed_file),
-             "--no-prewarm", "--node", f"node-{r}", "--work-dir", str(tmp_path),
-             "--outcome-dir", str(tmp_path / f"out{r}"),
-             "--", "sh", "-c", 'echo "hello from rank $RANK of $WORLD_SIZE"'],
+             "--node", f"node-{r}", "--work-dir", str(tmp_path),
+             "--outcome-dir", str(tmp_path / f"out{r}"), *commands[r]],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
             for r in range(2)]
         try:
@@ -152,6 +165,8 @@ def test_a_real_job_runs_through_the_bundle_with_nkey_auth(
         assert w.returncode == 0, out + master_out
         assert f"hello from rank {r} of 2" in out
         assert "FAULT TOLERANCE IS OFF" not in out  # it really talked to the master
+        if r == 1:  # a plain `python script.py` never imports runpy; the zygote's fork does
+            assert "forked from the pre-warmed interpreter: True" in out, out
         assert (tmp_path / f"out{r}" / "outcome").read_text() == "succeeded"
         assert (tmp_path / f"out{r}" / "node").read_text() == f"node-{r}"
         assert not [p.name for p in (tmp_path / f"out{r}").iterdir() if p.name.startswith(".")]
