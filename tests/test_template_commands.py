@@ -119,6 +119,10 @@ def test_the_master_command_parses_and_configures_the_master(
     security = seen["security"]  # --auth-dir: it serves SyncWorkerCreds, where workers dial
     assert security.cfg.grpc_listen == "0.0.0.0:50051"
     assert security.cfg.token == "t" * 32  # from the Secret, through the environment
+    # workers get the pod's IP in their credentials (Kubernetes expands $(POD_IP))
+    assert security.cfg.advertise_nats_urls == ("nats://$(POD_IP):4222",)
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     attempt0 = {p["name"]: p["value"] for p in T["main"]["steps"][1][0]["arguments"][
         "parameters"]}
     assert attempt0["master-addr"] == "{{steps.master.ip}}:50051"  # → worker-init --master

@@ -6,7 +6,7 @@ pod carries a ``nats`` sidecar and workers connect to ``{{steps.master.ip}}``.
 
 from __future__ import annotations
 
-from hera.workflows import Container, RetryStrategy, UserContainer
+from hera.workflows import Container, FieldEnv, RetryStrategy, UserContainer
 from hera.workflows import models as m
 
 from aegis_flow.jobspec import JobSpec
@@ -36,7 +36,11 @@ def master_args(spec: JobSpec) -> list[str]:
             "--nats-url", master_nats_url(spec),
             "--metrics-port", str(spec.metrics_port),
             "--auth-dir", inject.AUTH_DIR, "--token-env", "AEGIS_BOOTSTRAP_TOKEN",
-            "--grpc-listen", f"0.0.0.0:{spec.grpc_port}", "--quarantine-nodes"]
+            "--grpc-listen", f"0.0.0.0:{spec.grpc_port}", "--quarantine-nodes",
+            # the URL in each worker's credentials: embedded, this pod's IP (Kubernetes
+            # expands $(POD_IP) from the env), not the 127.0.0.1 the master itself dials
+            "--advertise-nats-url",
+            f"nats://$(POD_IP):{c.NATS_PORT}" if spec.embedded_nats else spec.nats_url]
 
 
 def master_template(spec: JobSpec) -> Container:
@@ -61,7 +65,7 @@ def master_template(spec: JobSpec) -> Container:
             initial_delay_seconds=2, period_seconds=5, failure_threshold=3),
         ports=[m.ContainerPort(container_port=spec.metrics_port, name=c.METRICS_PORT_NAME),
                m.ContainerPort(container_port=spec.grpc_port, name="grpc")],
-        env=[inject.bootstrap_token_env(spec)],
+        env=[inject.bootstrap_token_env(spec), FieldEnv(name="POD_IP", field_path="status.podIP")],
         init_containers=[inject.copy_auth(spec)],
         volumes=inject.auth_volumes(spec),
         volume_mounts=[inject.auth_mount()],
