@@ -14,6 +14,7 @@ from aegis_flow.master.machine import Phase, initial_status
 from aegis_flow.master.model import evolve
 from aegis_flow.verify.explorer import canonical
 from aegis_flow.verify.tlc import (
+    EXIT_LIVENESS,
     EXIT_SAFETY,
     SPEC_DIR,
     TlcUnavailable,
@@ -25,6 +26,7 @@ from aegis_flow.verify.tlc import (
     parse_value,
     project,
     read_constants,
+    render_cfg,
     run_tlc,
 )
 
@@ -170,3 +172,36 @@ def test_the_make_tlc_command_fails_clearly_without_java_or_a_config(
     err = io.StringIO()
     assert main([str(SPEC_DIR / "P0.cfg")], out=io.StringIO(), err=err) == 2
     assert "Java runtime" in err.getvalue()
+
+
+def _variant(tmp_path: Path, old: str, new: str) -> Path:
+    text = SPEC.read_text()
+    assert text.count(old) == 1, f"{old!r} moved in the spec: update this patch"
+    path = tmp_path / "AegisFlow.tla"
+    path.write_text(text.replace(old, new))
+    return path
+
+
+def test_a_worker_that_never_returns_is_a_deadlock(tmp_path: Path) -> None:
+    """T8 never fires when a returning worker stays `restarting`: NoDeadlock catches it."""
+    variant = _variant(tmp_path, '[s EXCEPT !.w[x].restarting = FALSE, !.w[x].exit = "none"]',
+                       '[s EXCEPT !.w[x].restarting = TRUE, !.w[x].exit = "none"]')
+    cfg = render_cfg(workers=2, max_retry=0, message_layer=False, seq_bound=2,
+                     invariants=("ValidPhase", "PhaseConsistency", "NoDeadlock"))
+    result = run_tlc(variant, cfg, timeout=600)
+    assert result.exit_code == EXIT_SAFETY, result.output[-3000:]
+    assert result.violated_invariant == "NoDeadlock"
+    last = result.trace[-1]["st"]
+    assert isinstance(last, dict) and last["phase"] == "Restarting"
+
+
+def test_without_the_connect_timeout_a_job_may_wait_in_pending_forever(tmp_path: Path) -> None:
+    """Termination is a real liveness check: drop the fairness of T15 and Pending's
+    Ack/Lost loop (T7p) never ends."""
+    variant = _variant(tmp_path, "WF_vars(TimesOut)", "TRUE")
+    cfg = render_cfg(workers=1, max_retry=0, message_layer=False, seq_bound=4,
+                     specification="FairSpec", properties=("Termination",))
+    result = run_tlc(variant, cfg, timeout=600)
+    assert result.exit_code == EXIT_LIVENESS, result.output[-3000:]
+    assert result.violated_property == "temporal"
+    # (the real spec's Termination holds: tests/test_conformance.py checks it under FairSpec)
