@@ -216,6 +216,32 @@ def test_revocations_accumulate_and_are_signed_into_the_account(tmp_path: Path) 
     assert old == {}  # pruned once no JWT issued before them can still be alive
 
 
+def test_a_masters_auth_dir_records_revocations_without_the_offline_keys(
+        tmp_path: Path) -> None:
+    """Regression: revocations re-signed the operator JWT (needs the operator's identity key,
+    which masters do not hold) and changed it, which makes nats-server refuse the reload."""
+    import shutil
+
+    from aegis_flow.security.cli import MASTER_FILES, OFFLINE_FILES
+
+    full = operator.bootstrap(tmp_path / "full", now=NOW)
+    before = full.server_config(NOW)
+    master_dir = tmp_path / "master"
+    master_dir.mkdir()
+    for name in (*MASTER_FILES, "nats.conf"):
+        if name == "nats.conf":
+            (master_dir / name).write_text(before)
+        else:
+            shutil.copy(tmp_path / "full" / name, master_dir / name)
+    assert not any((master_dir / f).exists() for f in OFFLINE_FILES)
+    auth = operator.load(master_dir)
+    operator.record_revocations(auth, ["UREVOKED"], now=NOW + 5)
+    after = (master_dir / "nats.conf").read_text()
+    line = [ln for ln in before.splitlines() if ln.startswith("operator:")][0]
+    assert line in after  # the operator JWT is the one signed at bootstrap
+    assert "UREVOKED" in str(nj.decode(after.split(f'{auth.keys.account}: "')[1].split('"')[0]))
+
+
 def creds_fixture() -> cf.Creds:
     user = nj.new_key("user")
     jwt = nj.encode({"sub": nj.public(user), "iat": int(NOW), "exp": int(NOW + 90)},

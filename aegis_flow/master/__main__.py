@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     sec = ap.add_argument_group(
         "credentials", "with --auth-dir the master serves gRPC SyncWorkerCreds and mints "
         "per-worker NATS user JWTs (NATS in operator mode); without it, no credentials")
-    sec.add_argument("--auth-dir", default="", help="the master's keys: public.json, "
+    sec.add_argument("--auth-dir", default="", help="the master's keys (writable: revocations "
+                     "are recorded there): public.json, operator.jwt, system.jwt, "
                      "account-signing.seed, operator-signing.seed, system-user.jwt/.seed")
     tok = sec.add_mutually_exclusive_group()
     tok.add_argument("--token-file", default="", help="the job's bootstrap token")

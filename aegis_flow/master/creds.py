@@ -103,6 +103,7 @@ class CredsService:
             raise OSError(f"cannot listen for gRPC on {self.cfg.grpc_listen}")
         await self._server.start()
         await nc.subscribe(f"{self.issuer.subjects.prefix}.creds.*", cb=self._on_renew)
+        await nc.flush()  # renewals are served from here on
         self._spawn(self._renew_own())
         log.info("credentials: gRPC on port %d (%s), JWT lifetime %.0f s", self.port,
                  "TLS" if self.cfg.tls_cert else "plaintext", self.cfg.jwt_lifetime)

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-MASTER_FILES = ("public.json", "account-signing.seed", "operator-signing.seed",
-                "system-user.jwt", "system-user.seed")
+MASTER_FILES = ("public.json", "operator.jwt", "system.jwt", "account-signing.seed",
+                "operator-signing.seed", "system-user.jwt", "system-user.seed")
 OFFLINE_FILES = ("operator.seed", "system.seed", "account.seed")
 
 

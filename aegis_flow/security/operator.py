@@ -7,6 +7,8 @@ files (the latter under an exclusive ``flock``). Everything else is pure.
 Layout of an auth dir::
 
     operator.seed            operator identity (kept by whoever bootstraps; masters need not)
+    operator.jwt, system.jwt signed once at bootstrap and reused: a server refuses to reload a
+                             config whose operator JWT changed
     operator-signing.seed    signs account JWTs: masters hold it to publish revocations
     system.seed              the system account (signs the system user)
     system-user.jwt/.seed    a system-account user: pushes account updates to the server
@@ -103,16 +105,21 @@ class AuthDir:
                                    revocations=revocations)
         return nj.encode(claims, self.seed("operator-signing"))
 
+    def stored_jwt(self, name: str) -> str:
+        """``operator.jwt`` or ``system.jwt`` as signed at bootstrap (never re-signed)."""
+        return _read(self.path / f"{name}.jwt")
+
     def server_config(self, now: float) -> str:
-        """The nats-server config text: operator mode, memory resolver, both accounts."""
+        """The nats-server config text: operator mode, memory resolver, both accounts. Only the
+        aegis account JWT is signed anew (with the current revocation list)."""
         revocations = read_revocations(self.path)
         return "\n".join([
             "# aegis-flow: NATS operator mode (generated; do not edit)",
-            f'operator: "{self.operator_jwt(now)}"',
+            f'operator: "{self.stored_jwt("operator")}"',
             f'system_account: "{self.keys.system}"',
             "resolver: MEMORY",
             "resolver_preload: {",
-            f'  {self.keys.system}: "{self.system_jwt(now)}"',
+            f'  {self.keys.system}: "{self.stored_jwt("system")}"',
             f'  {self.keys.account}: "{self.account_jwt(now, revocations)}"',
             "}",
             "",
@@ -140,6 +147,12 @@ def bootstrap(path: str | os.PathLike[str], *, now: float | None = None) -> Auth
                       system=pubs["system"], account=pubs["account"],
                       account_signing=pubs["account-signing"])
     (root / "public.json").write_text(json.dumps(vars(keys), indent=2) + "\n")
+    auth = AuthDir(root, keys)
+    stamp = time.time() if now is None else now
+    if not (root / "operator.jwt").is_file():
+        _write_secret(root / "operator.jwt", auth.operator_jwt(stamp) + "\n")
+    if not (root / "system.jwt").is_file():
+        _write_secret(root / "system.jwt", auth.system_jwt(stamp) + "\n")
     if not (root / "system-user.seed").is_file():
         user = nj.new_key("user")
         claims = nj.user_claims(nj.public(user), name="aegis-system", account=keys.system,
@@ -149,7 +162,7 @@ def bootstrap(path: str | os.PathLike[str], *, now: float | None = None) -> Auth
         _write_secret(root / "system-user.jwt", nj.encode(claims, nj.key_from_seed(
             _read(root / "system.seed"))) + "\n")
         _write_secret(root / "system-user.seed", nj.seed_of(user) + "\n")
-    return AuthDir(root, keys)
+    return auth
 
 
 def load(path: str | os.PathLike[str]) -> AuthDir:
