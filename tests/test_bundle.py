@@ -46,7 +46,11 @@ def test_each_cffi_wheel_pairs_with_pynacl_at_the_newer_glibc_floor() -> None:
         "cffi-2.1.1-cp312-cp312-musllinux_1_2_x86_64.whl",
         "cffi-2.1.1-cp311-cp311-manylinux_2_17_aarch64.whl")]  # no PyNaCl for aarch64 here
     sets = [ns for ns, _, _ in pair_wheels(names)]
-    assert sets == [NativeSet("cp310", "x86_64", (2, 17)), NativeSet("cp313", "x86_64", (2, 17))]
+    assert sets == [
+        NativeSet("cp310", "x86_64", (2, 17),
+                  ("nacl-x86_64-glibc2.17", "cffi-cp310-x86_64-glibc2.17")),
+        NativeSet("cp313", "x86_64", (2, 17),
+                  ("nacl-x86_64-glibc2.17", "cffi-cp313-x86_64-glibc2.17"))]  # PyNaCl shared
     only_new = pair_wheels([WheelName.parse(CFFI.format(py="cp311")), WheelName.parse(NACL)])
     assert only_new[0][0].name == "cp311-x86_64-glibc2.34"
 

@@ -1,8 +1,8 @@
 """The supervisor bundle's entry point: copied into the ``.pyz`` as its ``__main__.py``.
 
 Standard library only, and it runs before anything of ours can be imported. Side effects: on
-first start it extracts the archive's ``payload/``, ``deps/`` and the one matching
-``native/<set>/`` tree next to the bundle (or under ``$AEGIS_BUNDLE_CACHE`` / the temp dir)
+first start it extracts the archive's ``payload/``, ``deps/`` and the ``native/`` trees of
+the one matching set next to the bundle (or under ``$AEGIS_BUNDLE_CACHE`` / the temp dir)
 — into a temporary directory renamed into place, so concurrent starts never see half a tree —
 then puts them on ``sys.path``, appends ``payload/`` (our ``aegis_flow`` only, never nats or
 native code) to ``PYTHONPATH`` for the processes the supervisor starts, and runs the
@@ -108,10 +108,11 @@ def setup() -> tuple[dict[str, Any], str, str | None]:
     common = os.path.join(root, "common")
     _extract(archive, common, ("payload/", "deps/"))
     paths = [os.path.join(common, "payload"), os.path.join(common, "deps")]
-    if native:
-        where = os.path.join(root, f"native-{native}")
-        _extract(archive, where, (f"native/{native}/",))
-        paths.append(os.path.join(where, "native", native))
+    if native:  # its trees: PyNaCl's (shared by every CPython) and this CPython's cffi
+        entry = next(e for e in manifest["native"] if e["name"] == native)
+        for d in entry["dirs"]:
+            _extract(archive, os.path.join(root, d), (f"native/{d}/",))
+            paths.append(os.path.join(root, d, "native", d))
     sys.path[:0] = paths
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (os.environ.get("PYTHONPATH", ""), paths[0]) if p)

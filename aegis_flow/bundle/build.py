@@ -2,10 +2,12 @@
 
 The bundle holds ``payload/aegis_flow`` (the worker side only: supervisor, protocol, outcome,
 the core's model/machine, steps, progress), ``deps/`` (nats-py, nkeys and, when installed,
-tomli — all pure Python) and ``native/<set>/`` trees of PyNaCl + cffi (compiled code, one set
-per CPython version, machine and minimum glibc), plus ``manifest.json`` and the ``boot.py``
-entry point. Only credentials need the native part (nkeys signs the NATS nonce with PyNaCl);
-a bundle started by a Python with no matching set runs without NATS credentials.
+tomli — all pure Python) and ``native/`` trees of PyNaCl and cffi (compiled code; a *set* for
+one CPython version, machine and minimum glibc is cffi's tree for that CPython plus the PyNaCl
+tree of that machine, which is abi3 and shared by every CPython), plus ``manifest.json`` and
+the ``boot.py`` entry point. Only credentials need the native part (nkeys signs the NATS
+nonce with PyNaCl); a bundle started by a Python with no matching set runs without NATS
+credentials.
 
 The naming and tag logic is pure; side effects: :func:`build` reads the installed files and the
 given wheels and writes the archive (deterministic: sorted members, fixed timestamps).
@@ -86,6 +88,7 @@ class NativeSet:
     python: str  # cp311
     machine: str  # x86_64
     glibc: tuple[int, int]
+    dirs: tuple[str, ...] = ()  # under native/: PyNaCl's (shared by every CPython), cffi's
 
     @property
     def name(self) -> str:
@@ -93,7 +96,16 @@ class NativeSet:
 
     def manifest(self) -> dict[str, object]:
         return {"name": self.name, "python": self.python, "machine": self.machine,
-                "glibc": list(self.glibc)}
+                "glibc": list(self.glibc), "dirs": list(self.dirs)}
+
+
+def nacl_dir(machine: str, glibc: tuple[int, int]) -> str:
+    """PyNaCl is abi3: one tree per machine and glibc floor serves every CPython."""
+    return f"nacl-{machine}-glibc{glibc[0]}.{glibc[1]}"
+
+
+def cffi_dir(python: str, machine: str, glibc: tuple[int, int]) -> str:
+    return f"cffi-{python}-{machine}-glibc{glibc[0]}.{glibc[1]}"
 
 
 def pair_wheels(names: Iterable[WheelName]) -> list[tuple[NativeSet, WheelName, WheelName]]:
@@ -117,7 +129,8 @@ def pair_wheels(names: Iterable[WheelName]) -> list[tuple[NativeSet, WheelName, 
     for py, machine, floor, cw in sorted(cffis, key=lambda t: (t[0], t[1])):
         if machine in nacl:
             nfloor, nw = nacl[machine]
-            out.append((NativeSet(py, machine, max(floor, nfloor)), nw, cw))
+            dirs = (nacl_dir(machine, nfloor), cffi_dir(py, machine, floor))
+            out.append((NativeSet(py, machine, max(floor, nfloor), dirs), nw, cw))
     return out
 
 
@@ -166,7 +179,9 @@ def _env_native_set() -> NativeSet | None:
             return None
         floors.append(g)
     py = f"cp{sys.version_info[0]}{sys.version_info[1]}"
-    return NativeSet(py, floors[0][0], max(f[1] for f in floors))
+    (machine, nacl_floor), (_, cffi_floor) = floors  # NATIVE_DISTS order: pynacl, cffi
+    return NativeSet(py, machine, max(nacl_floor, cffi_floor),
+                     (nacl_dir(machine, nacl_floor), cffi_dir(py, machine, cffi_floor)))
 
 
 @dataclass(frozen=True)
@@ -209,14 +224,14 @@ def build(out: Path, *, native_wheels: Path | None = None, native_from_env: bool
                               "--python-version 3.X --platform manylinux2014_x86_64 pynacl cffi)")
         for ns, nacl_w, cffi_w in pairs:
             sets[ns.name] = ns
-            for w in (nacl_w, cffi_w):
-                members.update(_wheel_files(wheels[w], f"native/{ns.name}"))
+            for w, d in zip((nacl_w, cffi_w), ns.dirs, strict=True):
+                members.update(_wheel_files(wheels[w], f"native/{d}"))
     env_set = _env_native_set() if native_from_env else None
     if env_set is not None and not any(
             (s.python, s.machine) == (env_set.python, env_set.machine) for s in sets.values()):
         sets[env_set.name] = env_set
-        for dist in NATIVE_DISTS:
-            members.update(_dist_files(dist, f"native/{env_set.name}"))
+        for dist, d in zip(NATIVE_DISTS, env_set.dirs, strict=True):
+            members.update(_dist_files(dist, f"native/{d}"))
     boot = (PKG / "bundle" / "boot.py").read_bytes()
     digest = hashlib.sha256()
     for name in sorted(members):
