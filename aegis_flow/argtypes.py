@@ -44,3 +44,13 @@ def positive_seconds(text: str) -> float:
     if not seconds > 0 or seconds == float("inf"):
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
     return seconds
+
+
+def job_name(text: str) -> str:
+    """A job or namespace name as the NATS subjects accept it (see ``protocol.check_name``)."""
+    from aegis_flow import protocol
+
+    try:
+        return protocol.check_name("job", text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

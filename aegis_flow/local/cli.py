@@ -13,18 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from aegis_flow import protocol as p
-from aegis_flow.argtypes import non_negative_int, port, positive_seconds
+from aegis_flow.argtypes import job_name, non_negative_int, port, positive_seconds
 
 SubParsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
-
-
-def _job_name(text: str) -> str:
-    try:
-        return p.check_name("job", text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 
 
 def add_parsers(sub: Any) -> None:
@@ -36,8 +27,8 @@ def add_parsers(sub: Any) -> None:
         "--max-retry times. Exits 0 when the job succeeded, 1 when it failed.")
     r.add_argument("--workers", type=non_negative_int, required=True, help="number of ranks")
     r.add_argument("--max-retry", type=non_negative_int, default=3, help="max restarts (default 3)")
-    r.add_argument("--job", type=_job_name, default="job", help="job name (default 'job')")
-    r.add_argument("--namespace", type=_job_name, default="default")
+    r.add_argument("--job", type=job_name, default="job", help="job name (default 'job')")
+    r.add_argument("--namespace", type=job_name, default="default")
     r.add_argument("--nats-url", help="use this NATS server instead of an embedded one")
     r.add_argument("--state-dir", type=Path, default=Path(".aegis"),
                    help="where the NATS store, work dir and pid file go (default .aegis)")
@@ -89,8 +80,8 @@ def add_parsers(sub: Any) -> None:
     m.set_defaults(handler=lambda a: _master(a.args))
 
     s = sub.add_parser("status", help="show a job's phase, workers, retries and last events")
-    s.add_argument("job", nargs="?", default="job", type=_job_name)
-    s.add_argument("--namespace", type=_job_name, default="default")
+    s.add_argument("job", nargs="?", default="job", type=job_name)
+    s.add_argument("--namespace", type=job_name, default="default")
     s.add_argument("--state-dir", type=Path, default=Path(".aegis"))
     s.add_argument("--nats-url", help="NATS server (default: the one recorded in --state-dir)")
     s.add_argument("--json", action="store_true", help="print the stored status as JSON")
@@ -99,8 +90,8 @@ def add_parsers(sub: Any) -> None:
     s.set_defaults(handler=_status_cmd)
 
     t = sub.add_parser("stop", help="stop a job cleanly (every worker quits; T12)")
-    t.add_argument("job", type=_job_name)
-    t.add_argument("--namespace", type=_job_name, default="default")
+    t.add_argument("job", type=job_name)
+    t.add_argument("--namespace", type=job_name, default="default")
     t.add_argument("--state-dir", type=Path, default=Path(".aegis"))
     t.add_argument("--nats-url")
     t.add_argument("--reason", default="stopped by an operator")

@@ -15,14 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
-def _job_name(text: str) -> str:
-    from aegis_flow import protocol as p
-
-    try:
-        return p.check_name("job", text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+from aegis_flow.argtypes import job_name
 
 
 def add_parsers(sub: Any) -> None:
@@ -30,7 +23,7 @@ def add_parsers(sub: Any) -> None:
                        description="The fault log: one record per phase start/end, worker "
                        "report, quarantine, recovery and the job's end, from "
                        "STATE_DIR/JOB/logs/faults.jsonl (and its rotated files).")
-    g.add_argument("job", nargs="?", default="job", type=_job_name)
+    g.add_argument("job", nargs="?", default="job", type=job_name)
     g.add_argument("--state-dir", type=Path, default=Path(".aegis"))
     g.add_argument("--log-dir", type=Path, help="read this directory instead")
     g.add_argument("-f", "--follow", action="store_true",
@@ -42,7 +35,7 @@ def add_parsers(sub: Any) -> None:
                        description="Draw each worker's phases over time from the fault log, "
                        "with faults and recoveries marked, as a PNG (needs matplotlib: "
                        "pip install 'aegis-flow[report]').")
-    r.add_argument("job", nargs="?", default="job", type=_job_name)
+    r.add_argument("job", nargs="?", default="job", type=job_name)
     r.add_argument("-o", "--output", type=Path, default=Path("timeline.png"),
                    help="the picture to write (default timeline.png)")
     r.add_argument("--state-dir", type=Path, default=Path(".aegis"))
