@@ -20,9 +20,11 @@ pytestmark = pytest.mark.e2e
 
 
 def test_a_job_longer_than_the_jwt_lifetime_renews_and_succeeds(tmp_path: Path) -> None:
-    job = Job(tmp_path, ["--workers", "2", "--jwt-lifetime", "3", "--lost-timeout", "3",
+    # 8 s JWTs (short enough to renew twice or more here, long enough that a loaded machine
+    # still starts a supervisor before its first JWT runs out) and a 14 s command
+    job = Job(tmp_path, ["--workers", "2", "--jwt-lifetime", "8", "--lost-timeout", "3",
                          "--no-prewarm"],
-              [sys.executable, SLEEPER, "8", "0", str(tmp_path)])
+              [sys.executable, SLEEPER, "14", "0", str(tmp_path)])
     job.wait_for("restart 0", count=2, timeout=90)
 
     async def anonymous() -> str:

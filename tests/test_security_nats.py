@@ -497,3 +497,17 @@ def test_workers_renew_with_a_restarted_master(server: Server, tmp_path: Path) -
             await w.nc.flush(timeout=5)
 
     asyncio.run(go())
+
+
+def test_a_supervisor_with_expired_credentials_says_so_and_runs_plainly(tmp_path: Path) -> None:
+    from tests.test_security import creds_fixture
+
+    path = cf.write(tmp_path / "old.creds",
+                    replace(creds_fixture(), expires_at=int(time.time()) - 60))
+    cmd = [sys.executable, "-m", "aegis_flow.cli", "worker", "--creds", str(path), "--job", "j",
+           "--rank", "0", "--world-size", "1", "--no-prewarm", "--",
+           sys.executable, "-c", "print('plain run')"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "expired" in res.stderr and "worker-init" in res.stderr
+    assert "FAULT TOLERANCE IS OFF" in res.stderr and "plain run" in res.stdout

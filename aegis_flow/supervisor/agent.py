@@ -146,7 +146,12 @@ def _creds_session(cfg: WorkerConfig) -> Any:
         return None
     from aegis_flow.supervisor import creds as credsmod
 
-    return credsmod.Session(credsmod.read(cfg.creds), cfg.creds)
+    creds = credsmod.read(cfg.creds)
+    late = time.time() - creds.expires_at
+    if creds.expires_at and late >= 0:  # no connection: no renewal over NATS either
+        raise credsmod.CredsError(f"the credentials in {cfg.creds} expired {late:.0f} s ago; "
+                                  "fetch new ones with aegis-flow worker-init")
+    return credsmod.Session(creds, cfg.creds)
 
 
 class Supervisor:
