@@ -21,6 +21,7 @@ from aegis_flow.verify.tlc import (
     canonical_line,
     find_jar,
     find_java,
+    has_symmetry,
     parse_output,
     parse_states,
     parse_value,
@@ -123,6 +124,8 @@ def test_tlc_reports_are_parsed() -> None:
 def test_the_constants_of_a_configuration_are_read() -> None:
     consts = read_constants((SPEC_DIR / "P0.cfg").read_text())
     assert consts["Workers"] == "{w1, w2, w3}" and consts["MaxRetry"] == "2"
+    assert has_symmetry((SPEC_DIR / "P0.cfg").read_text())
+    assert not has_symmetry((SPEC_DIR / "P1.cfg").read_text())  # only says so in a comment
 
 
 # --------------------------------------------------------------------------- running TLC

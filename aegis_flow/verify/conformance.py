@@ -31,6 +31,7 @@ from .tlc import (
     SPEC_NAME,
     TlcFailed,
     TlcResult,
+    has_symmetry,
     project,
     read_constants,
     render_cfg,
@@ -128,6 +129,9 @@ def spec_states(config: Config, *, cfg_text: str | None = None, liveness: bool =
     be partial)."""
     spec = spec if spec is not None else SPEC_DIR / f"{SPEC_NAME}.tla"
     cfg = cfg_text if cfg_text is not None else spec_cfg(config, liveness=liveness)
+    if has_symmetry(cfg):
+        raise ValueError("a comparison needs every concrete state: this configuration "
+                         "declares SYMMETRY")
     with tempfile.TemporaryDirectory(prefix="aegis-conformance-") as tmp:
         dump = Path(tmp) / "states.dump"
         result = run_tlc(spec, cfg, workers=tlc_workers, dump=dump, timeout=timeout)

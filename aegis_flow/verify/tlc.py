@@ -383,6 +383,13 @@ def read_constants(cfg_text: str) -> dict[str, str]:
 
 
 
+def has_symmetry(cfg_text: str) -> bool:
+    """Whether a TLC configuration declares SYMMETRY (its -dump then lists one state per
+    permutation class, not every state)."""
+    return any(line.split("\\*", 1)[0].split()[:1] == ["SYMMETRY"]
+               for line in cfg_text.splitlines())
+
+
 def render_cfg(*, workers: int, max_retry: int, flap_limit: int = 3, message_layer: bool,
                seq_bound: int, invariants: Sequence[str] = (), properties: Sequence[str] = (),
                specification: str = "Spec", extra_constants: Sequence[str] = (),
@@ -408,6 +415,6 @@ def render_cfg(*, workers: int, max_retry: int, flap_limit: int = 3, message_lay
 __all__ = [
     "EXIT_DEADLOCK", "EXIT_LIVENESS", "EXIT_OK", "EXIT_SAFETY", "SPEC_DIR", "SPEC_NAME",
     "TlcFailed", "TlcResult", "TlcUnavailable", "Value", "canonical_line", "dump_lines",
-    "find_jar", "find_java", "parse_output", "parse_states", "parse_value", "project",
-    "read_constants", "render_cfg", "run_tlc",
+    "find_jar", "find_java", "has_symmetry", "parse_output", "parse_states", "parse_value",
+    "project", "read_constants", "render_cfg", "run_tlc",
 ]

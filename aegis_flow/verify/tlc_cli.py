@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import TextIO
 
 from .conformance import compare, config_from_cfg, render_comparison
-from .tlc import SPEC_DIR, SPEC_NAME, TlcFailed, TlcResult, TlcUnavailable, project, run_tlc
+from .tlc import (
+    SPEC_DIR,
+    SPEC_NAME,
+    TlcFailed,
+    TlcResult,
+    TlcUnavailable,
+    has_symmetry,
+    project,
+    run_tlc,
+)
 
 #: Seconds one TLC run may take (P0 without symmetry takes minutes on two cores).
 TIMEOUT = 3600.0
@@ -36,7 +45,7 @@ def check(configs: list[Path], *, conformance: bool, workers: int, timeout: floa
     worst = 0
     for cfg in configs:
         text = cfg.read_text(encoding="utf-8")
-        if conformance and "SYMMETRY" not in text:
+        if conformance and not has_symmetry(text):
             cmp = compare(config_from_cfg(text), cfg_text=text, tlc_workers=workers,
                           timeout=timeout)
             assert cmp.spec_result is not None
