@@ -52,7 +52,7 @@ async def run_plan(argv: list[str], env: dict[str, str], out: str, timeout: floa
         except asyncio.TimeoutError:
             await proc.stop(1.0)
             return [], f"the checks did not finish within {timeout:.0f} s"
-        except asyncio.CancelledError:  # a newer order: the checks must not run on unseen
+        except asyncio.CancelledError:  # a newer order came: the check process goes too
             await asyncio.shield(proc.stop(1.0))
             raise
         try:
