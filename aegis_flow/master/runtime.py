@@ -73,6 +73,8 @@ class Master:
         self.revision = 0
         self.nc: Any = None
         self.last_seen: dict[int, float] = {}
+        self._last_tick: float | None = None
+        self._loss_grace_until = 0.0
         self.phase_since = time.monotonic()
         self.started = time.monotonic()
         self.events: collections.deque[str] = collections.deque(maxlen=30)
@@ -318,6 +320,13 @@ class Master:
     # -- timers -----------------------------------------------------------------------------
     async def tick(self) -> None:
         now = time.monotonic()
+        stall = now - (self._last_tick if self._last_tick is not None else now)
+        self._last_tick = now
+        if stall > max(1.0, self.cfg.lost_timeout / 3):
+            # This process was starved (a loaded machine, a stopped VM): the heartbeats that
+            # arrived meanwhile are still queued. Let them be processed before judging silence.
+            self._loss_grace_until = now + max(0.5, 10 * self.cfg.tick)
+            log.warning("master loop stalled for %.1f s; loss detection paused briefly", stall)
         st = self.status
         if st.phase is m.Phase.PENDING and now - self.started > self.cfg.connect_timeout:
             await self.apply(m.ConnectTimeout())
@@ -327,7 +336,7 @@ class Master:
             await self.apply(m.Stop(f"rank(s) {missing} not back within "
                                     f"{self.cfg.replace_timeout:.0f} s"))
             return
-        if st.phase.terminal:
+        if st.phase.terminal or now < self._loss_grace_until:
             return
         for pod in st.workers:
             if pod.incarnation is None or pod.restarting:
