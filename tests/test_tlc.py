@@ -19,6 +19,8 @@ from aegis_flow.verify.tlc import (
     SPEC_DIR,
     TlcUnavailable,
     canonical_line,
+    dump_lines,
+    fast_project,
     find_jar,
     find_java,
     has_symmetry,
@@ -96,6 +98,11 @@ def test_values_states_and_the_projection_are_read_as_tlc_prints_them() -> None:
     assert project(states[1]).startswith("phase=Failed shouldQuit=TRUE recoverCount=3 seq=5")
     with pytest.raises(ValueError, match="cannot read"):
         parse_value("[a |-> ?]")
+    # the regular-expression reader of big dumps agrees with the parser
+    assert dump_lines(DUMP) == sorted(project(s) for s in states)
+    block = DUMP.split("\n\n")[0]
+    assert fast_project(block) == project(states[0])
+    assert fast_project("State 9:\nst = [phase |-> \"Pending\"]") is None  # not our shape
 
 
 def test_the_projection_is_the_explorers_canonical_line() -> None:
