@@ -46,6 +46,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tables  # bench/tables.py (this script's folder is on sys.path)
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "train_ddp.py"
 _VENV_PY = ROOT / ".venv" / "bin" / "python"
@@ -588,9 +590,7 @@ def fmt(x: float | None, scale: float = 1.0, digits: int = 2) -> str:
 
 
 def table(head: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(out)
+    return tables.render(head, rows, markdown=True)
 
 
 def report(

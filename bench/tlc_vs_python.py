@@ -26,7 +26,10 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import tables  # bench/tables.py (this script's folder is on sys.path)
 
 from aegis_flow.verify import Config, verify
 from aegis_flow.verify.tlc import SPEC_DIR, SPEC_NAME, render_cfg, run_tlc
@@ -110,15 +113,8 @@ def row(case: Case, tlc: Sample, py: Sample) -> tuple[str, ...]:
             f"{tlc.seconds / py.seconds:.2f}")
 
 
-def table(rows: list[tuple[str, ...]], *, markdown: bool) -> str:
-    rows = [HEADER, *rows]
-    if markdown:
-        lines = ["| " + " | ".join(r) + " |" for r in rows]
-        lines.insert(1, "|" + "|".join("---" for _ in HEADER) + "|")
-        return "\n".join(lines)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True))
-                     for r in rows)
+def table(rows: Sequence[tuple[str, ...]], *, markdown: bool) -> str:
+    return tables.render(HEADER, rows, markdown=markdown)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import tables  # bench/tables.py (this script's folder is on sys.path)
 
 from aegis_flow.verify import Config, verify
 
@@ -64,15 +66,8 @@ def run(case: Case, max_states: int) -> tuple[str, ...]:
             verdict)
 
 
-def table(rows: Iterable[tuple[str, ...]], *, markdown: bool) -> str:
-    rows = [HEADER, *rows]
-    if markdown:
-        lines = ["| " + " | ".join(r) + " |" for r in rows]
-        lines.insert(1, "|" + "|".join("---" for _ in HEADER) + "|")
-        return "\n".join(lines)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True))
-                     for r in rows)
+def table(rows: Sequence[tuple[str, ...]], *, markdown: bool) -> str:
+    return tables.render(HEADER, rows, markdown=markdown)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -116,3 +118,12 @@ def assert_nothing_left(text: str, timeout: float = 10.0) -> None:
 
 def retries(doc: dict[str, Any]) -> tuple[int, ...]:
     return tuple(w["retries"] for w in doc["status"]["workers"])
+
+
+def http_get(url: str) -> tuple[int, bytes]:
+    """GET ``url``: (status, body), also for HTTP error statuses."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()

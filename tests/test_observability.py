@@ -9,8 +9,6 @@ import asyncio
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ from aegis_flow.master.runtime import Master, MasterConfig, summary
 from aegis_flow.master.store import MemoryStore
 from aegis_flow.report import draw_timeline, timeline
 from aegis_flow.supervisor.stats import BeatClock, StepRate, gpu_type
+from tests.jobs import http_get
 
 
 class FakeNats:
@@ -280,27 +279,19 @@ def test_progress_line() -> None:
     assert "workers r0:RunCommand,r1:Restarting" in progress_line(snap, 1)
 
 
-def get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
 def test_http_endpoints_and_readiness() -> None:
     ready = threading.Event()
     server = MetricsServer(render=lambda: b"aegis_x 1\n", ready=ready.is_set,
                            progress=lambda: {"phase": "Pending"}, addr="127.0.0.1").start()
     try:
         base = server.url
-        assert get(base + "/healthz") == (200, b"ok\n")
-        assert get(base + READINESS_PROBE.path)[0] == 503
+        assert http_get(base + "/healthz") == (200, b"ok\n")
+        assert http_get(base + READINESS_PROBE.path)[0] == 503
         ready.set()
-        assert get(base + READINESS_PROBE.path)[0] == 200
-        assert get(base + "/metrics") == (200, b"aegis_x 1\n")
-        assert json.loads(get(base + "/progress")[1]) == {"phase": "Pending"}
-        assert get(base + "/other")[0] == 404
+        assert http_get(base + READINESS_PROBE.path)[0] == 200
+        assert http_get(base + "/metrics") == (200, b"aegis_x 1\n")
+        assert json.loads(http_get(base + "/progress")[1]) == {"phase": "Pending"}
+        assert http_get(base + "/other")[0] == 404
         with pytest.raises(OSError, match="pick another --metrics-port"):
             MetricsServer(render=bytes, ready=ready.is_set, progress=dict,
                           addr="127.0.0.1", port=server.port)
@@ -345,6 +336,6 @@ def test_a_taken_metrics_port_does_not_stop_the_master(caplog: pytest.LogCapture
                   store=MemoryStore())
     server = free._serve_http()
     try:
-        assert get(server.url + "/readyz")[0] == 503  # not connected, status not loaded
+        assert http_get(server.url + "/readyz")[0] == 503  # not connected, status not loaded
     finally:
         server.stop()

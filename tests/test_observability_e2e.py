@@ -9,8 +9,6 @@ import json
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from aegis_flow.master.faultlog import KEYS, read_records
-from tests.jobs import ROOT, Job, assert_nothing_left
+from tests.jobs import ROOT, Job, assert_nothing_left, http_get
 
 pytestmark = pytest.mark.e2e
 
@@ -26,14 +24,6 @@ STEPPER = str(ROOT / "tests" / "fixtures" / "stepper.py")
 PHASES_OF_ONE_CRASH = ["Pending", "BootChecking", "RunCommand", "Troubleshooting", "RunCommand",
                        "Succeed"]
 SUMMARY = "job Succeed: max restarts 2, restarted 1 times; hardware faults rescheduled 0 times"
-
-
-def get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -63,14 +53,14 @@ def test_metrics_fault_log_status_and_timeline_of_a_job_with_one_crash(tmp_path:
     job.wait_for("restart 1", count=2, timeout=150)  # both ranks run their second epoch
     port = int((tmp_path / "job" / "metrics.port").read_text())
     base = f"http://127.0.0.1:{port}"
-    assert get(base + "/healthz")[0] == 200
-    assert get(base + "/readyz")[0] == 200
-    assert get(base + "/nope")[0] == 404
+    assert http_get(base + "/healthz")[0] == 200
+    assert http_get(base + "/readyz")[0] == 200
+    assert http_get(base + "/nope")[0] == 404
 
     # the heartbeats carry the restarted children's numbers: poll until they arrive
     deadline = time.monotonic() + 30
     while True:
-        scrape = samples(get(base + "/metrics")[1].decode())
+        scrape = samples(http_get(base + "/metrics")[1].decode())
         children = [value(scrape, "aegis_worker_child_restarts", rank=str(r)) for r in (0, 1)]
         rates = [value(scrape, "aegis_worker_step_rate", rank=str(r)) for r in (0, 1)]
         if children == [1, 1] and all(r > 0 for r in rates) or time.monotonic() > deadline:
@@ -107,7 +97,7 @@ def test_metrics_fault_log_status_and_timeline_of_a_job_with_one_crash(tmp_path:
         shown = cli(tmp_path, "status", "job", "--json")
         assert shown.returncode == 0, shown.stderr
         stored = json.loads(shown.stdout)["status"]
-        live = json.loads(get(base + "/progress")[1])
+        live = json.loads(http_get(base + "/progress")[1])
         mine = {"phase": stored["phase"], "recover_count": stored["recover_count"],
                 "seq": stored["seq"],
                 "workers": [(w["rank"], w["phase"], w["retries"], w["node"])
