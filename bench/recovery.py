@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""In-place recovery, detection and supervision overhead: aegis-flow next to torchrun (issue 3).
+"""In-place recovery, detection and supervision overhead: aegis-flow next to torchrun.
 
 Measures, side by side in one run (trials alternate between the systems so that a noisy machine
 disturbs both alike), on ``examples/train_ddp.py`` with the gloo backend:
