@@ -12,6 +12,7 @@ from aegis_flow.argo import lint, validate_schema
 from aegis_flow.argo.lint import references
 from aegis_flow.jobspec import JobSpec
 from aegis_flow.workflow import build_checks_template, render
+from tests.argo_schema import needs_schema
 
 Doc = dict[str, Any]
 GOOD = render(JobSpec(image="img:1", command=("python", "train.py"), workers=2))
@@ -116,6 +117,7 @@ def test_references_parser() -> None:
         ("inputs", "x", ""), ("steps", "s", "outputs.result"), ("inputs", "y-z", "")]
 
 
+@needs_schema
 def test_schema_catches_a_planted_typo() -> None:
     doc = copy.deepcopy(GOOD)
     tmpl(doc, "worker")["retryStrategy"]["expresion"] = "true"
@@ -124,6 +126,7 @@ def test_schema_catches_a_planted_typo() -> None:
     assert "expresion" in errors[0].message and "retryStrategy" in errors[0].where
 
 
+@needs_schema
 def test_schema_catches_a_wrong_type_and_accepts_int_or_string() -> None:
     doc = copy.deepcopy(GOOD)
     tmpl(doc, "worker")["retryStrategy"]["limit"] = 3  # IntOrString: an int is fine
