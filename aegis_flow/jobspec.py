@@ -15,11 +15,23 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 # a Kubernetes object name (RFC 1123 label); Workflow names get a generated suffix, so keep room
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# a Secret name or a DNS name (RFC 1123 subdomain)
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i?|[mun]|k)?$")
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _OPERATORS = ("Exists", "Equal")
 
 DEFAULT_AEGIS_IMAGE = "ghcr.io/aegis-flow/aegis-flow:0.1.0"
+
+
+def _is_ip(text: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 class JobSpecError(ValueError):
@@ -83,6 +95,17 @@ class JobSpec(BaseModel):
     grpc_port: int = 50051  # the master's SyncWorkerCreds
     bootstrap_secret: str = "aegis-bootstrap"  # Secret, key "token": the job's bootstrap token
     auth_secret: str = "aegis-auth"  # Secret: the master's NATS auth dir (nats.conf, seeds)
+    # TLS for SyncWorkerCreds (empty: plaintext gRPC inside the cluster network). A Secret with
+    # tls.crt + tls.key (the master's certificate) and ca.crt (the CA that signed it; workers
+    # verify the master with it, and with mutual TLS the master verifies workers with it too)
+    grpc_tls_secret: str = ""
+    # mutual TLS: a Secret with tls.crt + tls.key, the client certificate every worker-init
+    # shows, signed by the CA in grpc_tls_secret's ca.crt (needs grpc_tls_secret)
+    grpc_tls_client_secret: str = ""
+    # the DNS name the master's certificate must carry; workers dial the master's pod IP,
+    # unknown when the certificate is issued, so they check this name instead
+    # (empty: aegis-master.NAMESPACE.svc)
+    grpc_tls_server_name: str = ""
 
     @field_validator("metrics_port", "grpc_port")
     @classmethod
@@ -106,6 +129,24 @@ class JobSpec(BaseModel):
             fixed = re.sub(r"[^a-z0-9-]+", "-", v.lower()).strip("-")[:52] or "aegis-job"
             raise ValueError(f"{v!r} is not a valid Kubernetes name: use lower-case letters, "
                              f"digits and '-', at most 52 characters (e.g. {fixed!r})")
+        return v
+
+    @field_validator("grpc_tls_secret", "grpc_tls_client_secret")
+    @classmethod
+    def _secret_name(cls, v: str) -> str:
+        if v and (not _DNS_SUBDOMAIN.match(v) or len(v) > 253):
+            raise ValueError(f"{v!r} is not a valid Secret name: use lower-case letters, "
+                             "digits, '-' and '.', e.g. 'aegis-grpc-tls' (or leave it empty)")
+        return v
+
+    @field_validator("grpc_tls_server_name")
+    @classmethod
+    def _server_name(cls, v: str) -> str:
+        if v and (not _DNS_SUBDOMAIN.match(v) or len(v) > 253 or _is_ip(v)):
+            raise ValueError(f"grpc_tls_server_name {v!r} is not a DNS name: give the name in "
+                             "the master certificate's DNS SANs, e.g. "
+                             "'aegis-master.training.svc' (an IP address cannot be used: the "
+                             "master's pod IP is not known when its certificate is issued)")
         return v
 
     @field_validator("image", "aegis_image")
@@ -201,9 +242,38 @@ class JobSpec(BaseModel):
                              "already keeps workers off quarantined nodes")
         return self
 
+    @model_validator(mode="after")
+    def _tls_needs_a_secret(self) -> JobSpec:
+        if self.grpc_tls_client_secret and not self.grpc_tls_secret:
+            raise ValueError(
+                f"grpc_tls_client_secret ({self.grpc_tls_client_secret!r}) turns on mutual TLS, "
+                "which needs grpc_tls_secret too: the Secret with the master's tls.crt, tls.key "
+                "and the ca.crt that signed both certificates (--grpc-tls-secret NAME)")
+        if self.grpc_tls_server_name and not self.grpc_tls_secret:
+            raise ValueError(
+                f"grpc_tls_server_name ({self.grpc_tls_server_name!r}) has no effect without "
+                "grpc_tls_secret: give the Secret with the master's certificate "
+                "(--grpc-tls-secret NAME), or drop the name")
+        return self
+
     @property
     def embedded_nats(self) -> bool:
         return not self.nats_url
+
+    @property
+    def grpc_tls(self) -> bool:
+        """SyncWorkerCreds over TLS (``grpc_tls_secret`` set)."""
+        return bool(self.grpc_tls_secret)
+
+    @property
+    def grpc_mutual_tls(self) -> bool:
+        """Workers show a client certificate too (``grpc_tls_client_secret`` set)."""
+        return bool(self.grpc_tls_client_secret)
+
+    @property
+    def tls_server_name(self) -> str:
+        """The name worker-init expects in the master's certificate."""
+        return self.grpc_tls_server_name or f"aegis-master.{self.namespace}.svc"
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> JobSpec:

@@ -78,6 +78,15 @@ def _job_flags(r: Any) -> None:
     r.add_argument("--no-bundle", dest="inject_supervisor", action="store_false", default=None,
                    help="the training image has aegis-flow installed: no bundle init container")
     r.add_argument("--metrics-port", type=port, help="the master's /metrics and /readyz port")
+    r.add_argument("--grpc-tls-secret", metavar="SECRET",
+                   help="serve the credential exchange (gRPC) over TLS: a Secret with the "
+                   "master's tls.crt and tls.key and the ca.crt that signed them")
+    r.add_argument("--grpc-tls-client-secret", metavar="SECRET",
+                   help="mutual TLS: a Secret with the workers' client tls.crt and tls.key, "
+                   "signed by that ca.crt (needs --grpc-tls-secret)")
+    r.add_argument("--grpc-tls-server-name", metavar="NAME",
+                   help="the DNS name in the master's certificate that workers check "
+                   "(default aegis-master.NAMESPACE.svc)")
     r.add_argument("train_command", nargs="*", metavar="CMD",
                    help="the training command, after '--'")
 
@@ -90,7 +99,8 @@ def _spec_from_args(args: argparse.Namespace) -> Any:
         fields = JobSpec.from_file(args.file).model_dump()
     for key in ("name", "image", "workers", "gpus_per_worker", "max_retry", "namespace",
                 "service_account", "nats_url", "aegis_image", "python", "inject_supervisor",
-                "metrics_port"):
+                "metrics_port", "grpc_tls_secret", "grpc_tls_client_secret",
+                "grpc_tls_server_name"):
         value = getattr(args, key)
         if value is not None:
             fields[key] = value

@@ -7,6 +7,14 @@ job's bootstrap token from a Kubernetes Secret, writing the NATS creds file into
 ``emptyDir``. The worker container then runs ``python3 /aegis/aegis-supervisor.pyz … -- CMD``
 with the image's own Python. Check pods get only the bundle (``bundle.pyz check …``).
 
+With ``JobSpec.grpc_tls_secret`` the master serves SyncWorkerCreds over TLS: its container
+mounts that Secret (``tls.crt``, ``tls.key``, ``ca.crt``), and each ``aegis-worker-init`` mounts
+only its ``ca.crt`` (never the master's key) and checks the certificate for
+``JobSpec.tls_server_name`` (it dials the master's pod IP). With ``grpc_tls_client_secret``
+(mutual TLS) worker-init also mounts that client certificate and key, and the master requires
+client certificates signed by ``ca.crt``. These Secret volumes are mounted only into the
+init container, never into the container that runs user code.
+
 The master pod copies its auth Secret (the NATS operator-mode ``nats.conf`` and seeds) into an
 ``emptyDir``, because the master rewrites revocations there and Secret volumes are read-only.
 
@@ -28,6 +36,10 @@ CREDS = f"{SHARED_DIR}/creds"
 TOKEN_VOLUME, TOKEN_DIR, TOKEN_KEY = "bootstrap-token", "/var/run/aegis/bootstrap", "token"
 AUTH_SECRET_VOLUME, AUTH_SECRET_DIR = "auth-secret", "/var/run/aegis/auth-secret"
 AUTH_VOLUME, AUTH_DIR = "auth", "/var/run/aegis/auth"
+# gRPC TLS (the key names are those of a kubernetes.io/tls Secret, as cert-manager writes it)
+TLS_CERT_KEY, TLS_KEY_KEY, TLS_CA_KEY = "tls.crt", "tls.key", "ca.crt"
+GRPC_TLS_VOLUME, GRPC_TLS_DIR = "grpc-tls", "/var/run/aegis/grpc-tls"
+GRPC_CLIENT_VOLUME, GRPC_CLIENT_DIR = "grpc-tls-client", "/var/run/aegis/grpc-tls-client"
 
 
 def shared_volume() -> m.Volume:
@@ -54,9 +66,11 @@ def worker_init(spec: JobSpec, *, master_addr: str, rank: str) -> UserContainer:
         command=["aegis-flow", "worker-init"],
         args=["--master", master_addr, "--job", "{{workflow.name}}",
               "--namespace", spec.namespace, "--worker", rank,
-              "--token-file", f"{TOKEN_DIR}/{TOKEN_KEY}", "--out", CREDS],
+              "--token-file", f"{TOKEN_DIR}/{TOKEN_KEY}", "--out", CREDS,
+              *worker_tls_args(spec)],
         volume_mounts=[shared_mount(),
-                       m.VolumeMount(name=TOKEN_VOLUME, mount_path=TOKEN_DIR, read_only=True)],
+                       m.VolumeMount(name=TOKEN_VOLUME, mount_path=TOKEN_DIR, read_only=True),
+                       *worker_tls_mounts(spec)],
         resources=m.ResourceRequirements(requests={"cpu": "100m", "memory": "128Mi"}))  # type: ignore[dict-item]
 
 
@@ -91,3 +105,62 @@ def copy_auth(spec: JobSpec) -> UserContainer:
         volume_mounts=[m.VolumeMount(name=AUTH_SECRET_VOLUME, mount_path=AUTH_SECRET_DIR,
                                      read_only=True), auth_mount()],
         resources=m.ResourceRequirements(requests={"cpu": "50m", "memory": "32Mi"}))  # type: ignore[dict-item]
+
+
+def _secret_volume(name: str, secret: str, keys: tuple[str, ...]) -> m.Volume:
+    return m.Volume(name=name, secret=m.SecretVolumeSource(
+        secret_name=secret, default_mode=0o400, items=[m.KeyToPath(key=k, path=k) for k in keys]))
+
+
+def master_tls_args(spec: JobSpec) -> list[str]:
+    """The master's ``--tls-cert/--tls-key`` (and ``--tls-client-ca`` for mutual TLS)."""
+    if not spec.grpc_tls:
+        return []
+    out = ["--tls-cert", f"{GRPC_TLS_DIR}/{TLS_CERT_KEY}",
+           "--tls-key", f"{GRPC_TLS_DIR}/{TLS_KEY_KEY}"]
+    if spec.grpc_mutual_tls:
+        out += ["--tls-client-ca", f"{GRPC_TLS_DIR}/{TLS_CA_KEY}"]
+    return out
+
+
+def master_tls_volumes(spec: JobSpec) -> list[m.Volume]:
+    keys = (TLS_CERT_KEY, TLS_KEY_KEY, TLS_CA_KEY) if spec.grpc_mutual_tls else (
+        TLS_CERT_KEY, TLS_KEY_KEY)
+    return [_secret_volume(GRPC_TLS_VOLUME, spec.grpc_tls_secret, keys)] if spec.grpc_tls else []
+
+
+def master_tls_mounts(spec: JobSpec) -> list[m.VolumeMount]:
+    return [m.VolumeMount(name=GRPC_TLS_VOLUME, mount_path=GRPC_TLS_DIR, read_only=True)] \
+        if spec.grpc_tls else []
+
+
+def worker_tls_args(spec: JobSpec) -> list[str]:
+    """worker-init's ``--tls-ca`` and ``--tls-server-name`` (it dials the master's pod IP,
+    which no certificate can name in advance), plus the client certificate for mutual TLS."""
+    if not spec.grpc_tls:
+        return []
+    out = ["--tls-ca", f"{GRPC_TLS_DIR}/{TLS_CA_KEY}", "--tls-server-name", spec.tls_server_name]
+    if spec.grpc_mutual_tls:
+        out += ["--tls-cert", f"{GRPC_CLIENT_DIR}/{TLS_CERT_KEY}",
+                "--tls-key", f"{GRPC_CLIENT_DIR}/{TLS_KEY_KEY}"]
+    return out
+
+
+def worker_tls_volumes(spec: JobSpec) -> list[m.Volume]:
+    """Only ``ca.crt`` of the master's Secret (its key stays out of worker pods)."""
+    if not spec.grpc_tls:
+        return []
+    out = [_secret_volume(GRPC_TLS_VOLUME, spec.grpc_tls_secret, (TLS_CA_KEY,))]
+    if spec.grpc_mutual_tls:
+        out.append(_secret_volume(GRPC_CLIENT_VOLUME, spec.grpc_tls_client_secret,
+                                  (TLS_CERT_KEY, TLS_KEY_KEY)))
+    return out
+
+
+def worker_tls_mounts(spec: JobSpec) -> list[m.VolumeMount]:
+    out = [m.VolumeMount(name=GRPC_TLS_VOLUME, mount_path=GRPC_TLS_DIR, read_only=True)] \
+        if spec.grpc_tls else []
+    if spec.grpc_mutual_tls:
+        out.append(m.VolumeMount(name=GRPC_CLIENT_VOLUME, mount_path=GRPC_CLIENT_DIR,
+                                 read_only=True))
+    return out

@@ -40,7 +40,8 @@ def master_args(spec: JobSpec) -> list[str]:
             # the URL in each worker's credentials: embedded, this pod's IP (Kubernetes
             # expands $(POD_IP) from the env), not the 127.0.0.1 the master itself dials
             "--advertise-nats-url",
-            f"nats://$(POD_IP):{c.NATS_PORT}" if spec.embedded_nats else spec.nats_url]
+            f"nats://$(POD_IP):{c.NATS_PORT}" if spec.embedded_nats else spec.nats_url,
+            *inject.master_tls_args(spec)]
 
 
 def master_template(spec: JobSpec) -> Container:
@@ -67,8 +68,8 @@ def master_template(spec: JobSpec) -> Container:
                m.ContainerPort(container_port=spec.grpc_port, name="grpc")],
         env=[inject.bootstrap_token_env(spec), FieldEnv(name="POD_IP", field_path="status.podIP")],
         init_containers=[inject.copy_auth(spec)],
-        volumes=inject.auth_volumes(spec),
-        volume_mounts=[inject.auth_mount()],
+        volumes=[*inject.auth_volumes(spec), *inject.master_tls_volumes(spec)],
+        volume_mounts=[inject.auth_mount(), *inject.master_tls_mounts(spec)],
         retry_strategy=RetryStrategy(
             limit=str(spec.master_retry_limit), retry_policy="Always",
             expression=master_retry_expression(),

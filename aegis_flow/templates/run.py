@@ -41,7 +41,8 @@ def worker_template(spec: JobSpec) -> Container:
         init_containers=[
             *([inject.copy_bundle(spec)] if spec.inject_supervisor else []),
             inject.worker_init(spec, master_addr=c.inp("master-addr"), rank=c.inp("rank"))],
-        volumes=[inject.shared_volume(), inject.token_volume(spec)],
+        volumes=[inject.shared_volume(), inject.token_volume(spec),
+                 *inject.worker_tls_volumes(spec)],
         volume_mounts=[inject.shared_mount()],
         outputs=[
             Parameter(name="outcome", value_from=m.ValueFrom(
