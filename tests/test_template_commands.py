@@ -25,6 +25,10 @@ SAMPLE = {"inputs.parameters.rank": "1", "inputs.parameters.nats-url": "nats://1
 WF = render(JobSpec(image="img", command=("python", "train.py", "--lr", "3"), workers=4,
                     gpus_per_worker=2, max_retry=3))
 T = {t["name"]: t for t in WF["spec"]["templates"]}
+# the same job with mutual TLS on the credential exchange
+WF_TLS = render(JobSpec(image="img", command=("python", "train.py"), workers=4,
+                        grpc_tls_secret="grpc-tls", grpc_tls_client_secret="grpc-client"))
+T_TLS = {t["name"]: t for t in WF_TLS["spec"]["templates"]}
 
 
 def fill(argv: list[str]) -> list[str]:
@@ -59,6 +63,21 @@ def test_worker_init_parses_with_worker_init() -> None:
     assert a.token_file == "/var/run/aegis/bootstrap/token"
 
 
+def test_worker_init_tls_flags_parse_with_worker_init() -> None:
+    from aegis_flow.security.worker_init import build_parser
+
+    init = {i["name"]: i for i in T_TLS["worker"]["initContainers"]}["aegis-worker-init"]
+    a = build_parser().parse_args(fill(init["command"] + init["args"])[2:])
+    assert a.master == "10.0.0.5:50051"
+    assert (a.tls_ca, a.tls_server_name) == ("/var/run/aegis/grpc-tls/ca.crt",
+                                             "aegis-master.default.svc")
+    assert (a.tls_cert, a.tls_key) == ("/var/run/aegis/grpc-tls-client/tls.crt",
+                                       "/var/run/aegis/grpc-tls-client/tls.key")
+    plain = {i["name"]: i for i in T["worker"]["initContainers"]}["aegis-worker-init"]
+    b = build_parser().parse_args(fill(plain["command"] + plain["args"])[2:])
+    assert (b.tls_ca, b.tls_cert, b.tls_key, b.tls_server_name) == ("", "", "", "")
+
+
 @pytest.mark.parametrize("template", ["bootcheck", "troubleshoot"])
 def test_check_pods_parse_with_the_check_cli(template: str) -> None:
     import argparse
@@ -82,6 +101,45 @@ def test_the_quarantine_step_parses_with_aegis_flow() -> None:
     assert (a.nodes_command, a.names, a.reason, a.by) == ("quarantine", ["n-7"],
                                                           "wf-abc attempt 0", "wf-abc")
     assert a.record == "/tmp/aegis/quarantine.json"
+
+
+def run_master_main(c: dict[str, Any], tmp_path: Path,
+                    monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The real master entry point on the container's command line, up to the moment it would
+    start (Master is replaced): what it would have started with."""
+    import aegis_flow.master.__main__ as master_main
+    from aegis_flow.security.operator import bootstrap
+
+    argv = fill(c["command"] + c["args"])
+    assert argv[:3] == ["python", "-m", "aegis_flow.master"]
+    auth = tmp_path / "auth"
+    bootstrap(auth)
+    args = argv[3:]
+    args[args.index("--auth-dir") + 1] = str(auth)  # the pod's emptyDir, here a real auth dir
+    monkeypatch.setenv("AEGIS_BOOTSTRAP_TOKEN", "t" * 32)
+    seen: dict[str, Any] = {}
+
+    class Capture:
+        def __init__(self, cfg: Any, *, security: Any = None, nodes: Any = None) -> None:
+            seen.update(cfg=cfg, security=security, nodes=nodes)
+
+        async def run(self) -> int:
+            return 0
+
+    monkeypatch.setattr(master_main, "Master", Capture)
+    monkeypatch.setattr(KubeNodeApi, "connect", classmethod(lambda cls, **kw: FakeNodeApi()))
+    assert master_main.main(args) == 0
+    return seen
+
+
+def test_the_master_tls_flags_configure_its_grpc_server(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = run_master_main(T_TLS["master"]["container"], tmp_path, monkeypatch)["security"].cfg
+    assert (cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca) == (
+        "/var/run/aegis/grpc-tls/tls.crt", "/var/run/aegis/grpc-tls/tls.key",
+        "/var/run/aegis/grpc-tls/ca.crt")
+    plain = run_master_main(T["master"]["container"], tmp_path / "plain", monkeypatch)
+    assert (plain["security"].cfg.tls_cert, plain["security"].cfg.tls_client_ca) == ("", "")
 
 
 def test_the_master_command_parses_and_configures_the_master(

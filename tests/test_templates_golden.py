@@ -14,7 +14,8 @@ EXAMPLES = examples()
 
 
 def test_there_are_examples() -> None:
-    assert {p.stem for p in EXAMPLES} >= {"training", "aegis_checks", "data_pipeline"}
+    assert {p.stem for p in EXAMPLES} >= {"training", "aegis_checks", "data_pipeline",
+                                          "training_tls"}
 
 
 @pytest.mark.parametrize("py", EXAMPLES, ids=lambda p: p.stem)
@@ -28,7 +29,7 @@ def test_golden_file_is_up_to_date(py: Path) -> None:
 def test_golden_files_pass_schema_and_lint_together() -> None:
     docs = [d for p in sorted(DEFAULT_DIR.glob("*.yaml")) for d in yaml.safe_load_all(
         p.read_text())]
-    assert len(docs) == 3
+    assert len(docs) == 4
     assert check_documents(docs) == []
 
 
