@@ -143,7 +143,7 @@ class JobSpec(BaseModel):
     @classmethod
     def _server_name(cls, v: str) -> str:
         if v and (not _DNS_SUBDOMAIN.match(v) or len(v) > 253 or _is_ip(v)):
-            raise ValueError(f"grpc_tls_server_name {v!r} is not a DNS name: give the name in "
+            raise ValueError(f"{v!r} is not a DNS name: give the name in "
                              "the master certificate's DNS SANs, e.g. "
                              "'aegis-master.training.svc' (an IP address cannot be used: the "
                              "master's pod IP is not known when its certificate is issued)")
