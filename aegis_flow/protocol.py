@@ -63,9 +63,22 @@ class Subjects:
     def prefix(self) -> str:
         return f"aegis.{self.namespace}.{self.job}"
 
+    def master(self, rank: int) -> str:
+        """Where rank ``rank`` reports. One subject per rank: a worker's credentials allow
+        publishing only to its own, so the subject names the sender (``sender_rank``)."""
+        return f"{self.prefix}.master.{rank}"
+
     @property
-    def master(self) -> str:
-        return f"{self.prefix}.master"
+    def masters(self) -> str:
+        """The master's subscription: every rank's report subject."""
+        return f"{self.prefix}.master.*"
+
+    def sender_rank(self, subject: str) -> int:
+        """The rank a report subject belongs to (ProtocolError if it names none)."""
+        head, _, token = subject.rpartition(".")
+        if head != f"{self.prefix}.master" or not token.isdigit() or str(int(token)) != token:
+            raise ProtocolError(f"not a report subject of this job: {subject!r}")
+        return int(token)
 
     @property
     def broadcast(self) -> str:
@@ -150,6 +163,20 @@ def decode(raw: bytes, *, job: str | None = None, namespace: str | None = None) 
         phase=obj["phase"], data=obj["data"], timestamp=float(obj["timeStamp"]),
         version=version,
     )
+
+
+def check_sender(msg: Message, sender: int | None) -> None:
+    """A report must come on its own rank's subject (``sender``: the rank the subject names;
+    None for the control subject). A worker can publish only to its own subject, so a payload
+    claiming another rank is forged; an operator Stop travels only on the control subject."""
+    if sender is None:
+        return
+    if msg.rank != sender:
+        raise ProtocolError(f"{msg.type.value} claiming rank {msg.rank} on rank {sender}'s "
+                            "subject")
+    if msg.type is MsgType.STOP:
+        raise ProtocolError(f"a Stop came on rank {sender}'s subject (only the control "
+                            "subject carries operator requests)")
 
 
 def to_event(msg: Message) -> m.Event:

@@ -113,7 +113,7 @@ def test_garbage_and_foreign_messages_are_dropped_and_counted(tmp_path: Path) ->
                                type=p.MsgType.ERROR, rank=9, seq=2, incarnation="i")
         for payload in (b"not json", b"[1,2]", b'{"version": 99}', foreign.encode(),
                         wrong_rank.encode(), b"\xff\xfe"):
-            await nc.publish(subjects.master, payload)
+            await nc.publish(subjects.master(0), payload)  # rank 9 on rank 0's: dropped too
         await nc.flush()
         await nc.close()
 

@@ -147,6 +147,70 @@ def test_master_runtime_persists_before_it_sends_and_drops_garbage() -> None:
     asyncio.run(go())
 
 
+def test_report_subjects_name_their_rank() -> None:
+    s = p.Subjects("default", "j")
+    assert s.master(3) == "aegis.default.j.master.3" and s.sender_rank(s.master(3)) == 3
+    assert s.masters == "aegis.default.j.master.*"
+    for bad in ("aegis.default.j.master", "aegis.default.j.master.x", "aegis.default.j.master.01",
+                "aegis.default.j.master.-1", "aegis.default.k.master.0", "aegis.default.j.creds.0"):
+        with pytest.raises(p.ProtocolError, match="not a report subject"):
+            s.sender_rank(bad)
+    p.check_sender(msg(rank=2), 2)
+    p.check_sender(msg(rank=2), None)  # the control subject: no rank binding
+    with pytest.raises(p.ProtocolError, match="claiming rank 2 on rank 0's subject"):
+        p.check_sender(msg(rank=2), 0)
+    with pytest.raises(p.ProtocolError, match="only the control subject"):
+        p.check_sender(msg(type=p.MsgType.STOP, rank=1), 1)
+
+
+def test_a_report_claiming_another_rank_is_dropped_counted_and_changes_nothing(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def go() -> None:
+        store = MemoryStore()
+        master = Master(MasterConfig(job="j", workers=2, max_retry=1), store=store)
+        master.nc = FakeNats()
+        await master._load()
+        s = master.subjects
+        for r in range(2):
+            await master.on_message(msg(rank=r, incarnation=f"i{r}").encode(), s.master(r))
+        assert master.status.phase is m.Phase.BOOTCHECKING
+        before = (master.status, store.revision, store.raw, len(master.nc.sent),
+                  dict(master.last_seen))
+        forged = msg(type=p.MsgType.FINISH, rank=1, seq=master.status.seq, incarnation="i1",
+                     data={"ok": True, "detail": "forged by rank 0: rank 1's checks passed"})
+        stop = msg(type=p.MsgType.STOP, rank=0, data={"reason": "forged by rank 0"})
+        with caplog.at_level("WARNING", logger="aegis_flow.master"):
+            await master.on_message(forged.encode(), s.master(0))
+            await master.on_message(stop.encode(), s.master(0))
+            await master.on_message(forged.encode(), "aegis.default.j.master.one")
+        assert master.stats["invalid"] == 3
+        assert "Finish claiming rank 1 on rank 0's subject" in caplog.text
+        assert (master.status, store.revision, store.raw, len(master.nc.sent),
+                dict(master.last_seen)) == before
+        # the same report on rank 1's own subject is taken (so the drop above is the binding)
+        await master.on_message(forged.encode(), s.master(1))
+        assert master.status != before[0] and master.stats["invalid"] == 3
+    asyncio.run(go())
+
+
+def test_the_supervisor_reports_on_its_own_ranks_subject() -> None:
+    from aegis_flow.supervisor.agent import Supervisor, WorkerConfig
+
+    sent: list[tuple[str, int]] = []
+
+    class Recorder:
+        async def publish(self, subject: str, data: bytes) -> None:
+            sent.append((subject, json.loads(data)["rank"]))
+
+        async def flush(self, timeout: float = 1.0) -> None:
+            return None
+
+    sup = Supervisor(WorkerConfig(command=("true",), job="j", rank=3, world_size=4))
+    sup.nc = Recorder()
+    asyncio.run(sup._publish(sup._msg(p.MsgType.ACK, 0, {})))
+    assert sent == [("aegis.default.j.master.3", 3)]
+
+
 def test_master_resumes_from_stored_status() -> None:
     async def go() -> None:
         store = MemoryStore()

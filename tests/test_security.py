@@ -92,7 +92,7 @@ def test_a_grant_is_scoped_to_the_job_and_the_rank() -> None:
     grant, stale = issuer.sync(request("1"), now=NOW)
     assert stale == []
     subjects = p.Subjects("ns", "a")
-    assert grant.pub == (subjects.master, "aegis.ns.a.creds.1")
+    assert grant.pub == ("aegis.ns.a.master.1", "aegis.ns.a.creds.1")  # its own report subject
     assert grant.sub == (subjects.broadcast, subjects.worker(1), "aegis.ns.a.inbox.1.>")
     assert grant.inbox_prefix == "aegis.ns.a.inbox.1"
     assert grant.expires_at == int(NOW + 60)

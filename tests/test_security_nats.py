@@ -125,15 +125,41 @@ def test_a_worker_cannot_touch_another_jobs_subjects(server: Server, tmp_path: P
             await wa.listen(p.Subjects("default", "job-a").worker(0))  # allowed
             await wa.nc.subscribe("aegis.default.job-b.broadcast")
             await wa.nc.subscribe("aegis.default.job-b.>")
-            await wa.nc.publish("aegis.default.job-b.master", b"forged")
+            await wa.nc.publish("aegis.default.job-b.master.0", b"forged")
             await wa.nc.publish("aegis.default.job-b.worker.0", b"forged")
             errors = await wa.violations(4)
             assert any('subscription to "aegis.default.job-b.broadcast"' in e for e in errors)
-            assert any('publish to "aegis.default.job-b.master"' in e for e in errors)
+            assert any('publish to "aegis.default.job-b.master.0"' in e for e in errors)
             await mb.nc.flush()
             await asyncio.sleep(0.3)
             assert mb.got == []  # not a byte of it reached job B
             assert wa.nc.is_connected  # a violation is refused, not fatal
+
+    asyncio.run(go())
+
+
+def test_a_worker_reports_only_on_its_own_ranks_subject(server: Server, tmp_path: Path) -> None:
+    """Rank 0 cannot publish on rank 1's report subject (nor on a shared one): the server
+    refuses it, so the master may take a report's subject as its sender's rank."""
+    async def go() -> None:
+        async with master(server, "job-r") as (svc, m):
+            s = p.Subjects("default", "job-r")
+            await m.listen(s.masters)
+            w0, _ = await worker(svc, "job-r", 0, tmp_path)
+            await w0.nc.publish(s.master(1), b"forged: claims rank 1")
+            await w0.nc.publish(f"{s.prefix}.master", b"forged: the old shared subject")
+            await w0.nc.publish(s.master(0), b"rank 0 on its own subject")
+            errors = await w0.violations(2)
+            assert any(f'publish to "{s.master(1)}"' in e for e in errors), errors
+            assert any(f'publish to "{s.prefix}.master"' in e for e in errors), errors
+            deadline = time.monotonic() + 10
+            while not m.got:
+                assert time.monotonic() < deadline, "rank 0's own report did not arrive"
+                await asyncio.sleep(0.05)
+            await w0.nc.flush()
+            await asyncio.sleep(0.3)  # a forged message that got through would be here by now
+            assert m.got == [(s.master(0), b"rank 0 on its own subject")]
+            assert w0.nc.is_connected
 
     asyncio.run(go())
 
@@ -249,7 +275,7 @@ def test_two_jobs_side_by_side_never_see_each_other(server: Server, tmp_path: Pa
             workers: dict[str, list[Client]] = {}
             for job, (svc, m) in jobs.items():
                 s = p.Subjects("default", job)
-                await m.listen(s.master)
+                await m.listen(s.masters)
                 workers[job] = []
                 for rank in (0, 1):
                     w, _ = await worker(svc, job, rank, tmp_path)
@@ -259,7 +285,7 @@ def test_two_jobs_side_by_side_never_see_each_other(server: Server, tmp_path: Pa
             for job, (_, m) in jobs.items():
                 s = p.Subjects("default", job)
                 for rank, w in enumerate(workers[job]):
-                    await w.nc.publish(s.master, f"{job}:{rank}".encode())
+                    await w.nc.publish(s.master(rank), f"{job}:{rank}".encode())
                 await m.nc.publish(s.broadcast, f"{job}:order".encode())
                 await m.nc.publish(s.worker(0), f"{job}:to-0".encode())
             for c in [ma, mb, *workers["side-a"], *workers["side-b"]]:
@@ -289,13 +315,13 @@ def test_renewal_over_the_workers_own_subject_outlives_the_jwt(server: Server,
     async def go() -> None:
         async with master(server, "job-g", lifetime=2.0) as (svc, m):
             s = p.Subjects("default", "job-g")
-            await m.listen(s.master)
+            await m.listen(s.masters)
             w, session = await worker(svc, "job-g", 0, tmp_path)
             notes: list[str] = []
             renewer = asyncio.ensure_future(session.renew_loop(w.nc, notes.append))
             first_exp = session.creds.expires_at
             for i in range(10):  # 5 s: two and a half lifetimes
-                await w.nc.publish(s.master, f"beat {i}".encode())
+                await w.nc.publish(s.master(0), f"beat {i}".encode())
                 await asyncio.sleep(0.5)
             renewer.cancel()
             assert session.renewals >= 2, notes
@@ -340,7 +366,7 @@ def test_a_token_replayed_after_the_job_ended_is_refused(server: Server,
                 ack = p.Message(job="job-h", namespace="default", pod_name="w0",
                                 type=p.MsgType.ACK, rank=0, incarnation="i0",
                                 timestamp=time.time())
-                await w.nc.publish(subjects.master, ack.encode())
+                await w.nc.publish(subjects.master(0), ack.encode())
                 await asyncio.sleep(0.2)
 
         beating = asyncio.ensure_future(beat())

@@ -287,9 +287,14 @@ class Master:
             self.replaced = False
 
     # -- input ------------------------------------------------------------------------------
-    async def on_message(self, raw: bytes) -> None:
+    async def on_message(self, raw: bytes, subject: str | None = None) -> None:
+        """One message from NATS. ``subject``: where it came; a report must claim the rank its
+        subject names (only that rank may publish there). None: an in-process call."""
         try:
+            sender = (None if subject is None or subject == self.subjects.control
+                      else self.subjects.sender_rank(subject))
             msg = p.decode(raw, job=self.cfg.job, namespace=self.cfg.namespace)
+            p.check_sender(msg, sender)
             event = p.to_event(msg)
         except p.ProtocolError as exc:
             self.stats["foreign" if exc.foreign else "invalid"] += 1
@@ -315,7 +320,7 @@ class Master:
             log.warning("dropped a malformed event: %s", exc)
 
     async def _cb(self, msg: Any) -> None:
-        await self.on_message(msg.data)
+        await self.on_message(msg.data, msg.subject)
 
     # -- timers -----------------------------------------------------------------------------
     async def tick(self) -> None:
@@ -371,7 +376,7 @@ class Master:
                     self.security.job_ended()
                 await self.security.start(self.nc)
             self.started = self.phase_since = time.monotonic()
-            await self.nc.subscribe(self.subjects.master, cb=self._cb)
+            await self.nc.subscribe(self.subjects.masters, cb=self._cb)
             await self.nc.subscribe(self.subjects.control, cb=self._cb)
             if self.observer is not None:
                 self.observer.loaded(self.status, resumed=self.revision > 1, now=time.time())

@@ -11,8 +11,9 @@ Rules:
 * a job that ended mints nothing more, whatever the token (a replayed token is refused);
 * a revoked key is never renewed; when a new key is registered for a rank, the rank's older
   keys are revoked (a replaced worker's predecessor is locked out);
-* a worker may publish only to the master's inbox subject and its own renewal subject, and
-  subscribe only to the broadcast, its own order subject and its own inbox prefix — all under
+* a worker may publish only to its own rank's report subject (``master.<rank>``: the master
+  takes the subject as the sender's rank) and its own renewal subject, and subscribe only to
+  the broadcast, its own order subject and its own inbox prefix — all under
   ``aegis.<namespace>.<job>.``: never ``_INBOX.>``, ``$JS.API.>`` or another job's subjects.
 """
 
@@ -76,7 +77,7 @@ def inbox_prefix(subjects: p.Subjects, rank: int) -> str:
 
 def worker_permissions(subjects: p.Subjects, rank: int) -> nj.Permissions:
     return nj.Permissions(
-        pub=(subjects.master, renew_subject(subjects, rank)),
+        pub=(subjects.master(rank), renew_subject(subjects, rank)),
         sub=(subjects.broadcast, subjects.worker(rank), f"{inbox_prefix(subjects, rank)}.>"),
         resp=True)
 

@@ -190,7 +190,7 @@ class Supervisor:
         if self.drop is not None and self.drop(msg):
             return
         with contextlib.suppress(Exception):
-            await self.nc.publish(self.subjects.master, msg.encode())
+            await self.nc.publish(self.subjects.master(self.cfg.rank), msg.encode())
             await self.nc.flush(timeout=1)
 
     async def report(self, mtype: p.MsgType, data: dict[str, Any], *, seq: int) -> None:
