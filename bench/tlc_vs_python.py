@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import tables  # bench/tables.py (this script's folder is on sys.path)
+from verify_bench import Case
 
 from aegis_flow.verify import Config, verify
 from aegis_flow.verify.tlc import SPEC_DIR, SPEC_NAME, render_cfg, run_tlc
@@ -42,13 +43,6 @@ P0 = ("ValidPhase", "ValidInnerPhase", "RecoverCountBound", "RetriesBound", "Pha
 P1 = P0 + ("NoFinishDoubleProcessed", "StaleFinishRejected")
 
 
-@dataclass(frozen=True)
-class Case:
-    workers: int
-    max_retry: int
-    message_layer: bool
-    seq_bound: int
-    symmetry: bool
 
 
 @dataclass(frozen=True)

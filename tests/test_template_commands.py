@@ -145,35 +145,13 @@ def test_the_master_tls_flags_configure_its_grpc_server(
 def test_the_master_command_parses_and_configures_the_master(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real master entry point up to the moment it would start (Master is replaced)."""
-    import aegis_flow.master.__main__ as master_main
-    from aegis_flow.security.operator import bootstrap
-
     c = T["master"]["container"]
-    argv = fill(c["command"] + c["args"])
-    assert argv[:3] == ["python", "-m", "aegis_flow.master"]
-    auth = tmp_path / "auth"
-    bootstrap(auth)
-    args = argv[3:]
-    args[args.index("--auth-dir") + 1] = str(auth)  # the pod's emptyDir, here a real auth dir
-    monkeypatch.setenv("AEGIS_BOOTSTRAP_TOKEN", "t" * 32)
-    seen: dict[str, Any] = {}
-
-    class Capture:
-        def __init__(self, cfg: Any, *, security: Any = None, nodes: Any = None) -> None:
-            seen.update(cfg=cfg, security=security, nodes=nodes)
-
-        async def run(self) -> int:
-            return 0
-
-    monkeypatch.setattr(master_main, "Master", Capture)
-    fake_nodes = FakeNodeApi()
-    monkeypatch.setattr(KubeNodeApi, "connect", classmethod(lambda cls, **kw: fake_nodes))
-    assert master_main.main(args) == 0
+    seen = run_master_main(c, tmp_path, monkeypatch)
     cfg = seen["cfg"]
     assert (cfg.job, cfg.workers, cfg.max_retry, cfg.metrics_port) == ("wf-abc", 4, 3, 9464)
     probe = c["readinessProbe"]["httpGet"]
     assert probe == {"path": "/readyz", "port": cfg.metrics_port}
-    assert seen["nodes"] is fake_nodes  # --quarantine-nodes: the kubernetes client
+    assert isinstance(seen["nodes"], FakeNodeApi)  # --quarantine-nodes: the kubernetes client
     security = seen["security"]  # --auth-dir: it serves SyncWorkerCreds, where workers dial
     assert security.cfg.grpc_listen == "0.0.0.0:50051"
     assert security.cfg.token == "t" * 32  # from the Secret, through the environment
