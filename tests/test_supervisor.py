@@ -107,3 +107,26 @@ def test_prewarmed_interpreter_runs_scripts_with_argv_env_and_exit_codes(tmp_pat
             z.close()
         assert z.proc.poll() is not None
     asyncio.run(go())
+
+
+def test_prewarmed_interpreter_runs_a_warm_module_with_dash_m_like_a_cold_python() -> None:
+    """The check CLI is imported in the pre-warmed interpreter; ``-m`` must still run it as
+    __main__ once, without runpy's "found in sys.modules" warning in the rank's output."""
+    lines: list[str] = []
+
+    async def go() -> None:
+        warm = {**ENV, "AEGIS_PRELOAD": "aegis_flow.steps.cli"}  # warm it, not torch
+        z = Zygote([sys.executable, "-m", "aegis_flow.steps.cli"], warm)
+        try:
+            assert await z.ready(60)
+            c = await z.spawn([sys.executable, "-m", "aegis_flow.steps.cli", "explain"], ENV,
+                              prefix="", tail_lines=5, on_line=lines.append)
+            st = await c.wait()
+            assert st.code == 0
+        finally:
+            z.close()
+
+    asyncio.run(go())
+    text = "\n".join(lines)
+    assert "T10" in text or "hardware" in text  # the diagnosis table really printed
+    assert "RuntimeWarning" not in text and "found in sys.modules" not in text

@@ -83,6 +83,9 @@ def _child(req: dict[str, object], out_fd: int, sock: socket.socket) -> None:
 
         if argv[1] == "-m":
             sys.argv = [argv[2], *argv[3:]]
+            # as in a cold `python -m`: the module itself runs fresh as __main__ (a copy warmed
+            # here would make runpy warn); what it imports stays warm
+            sys.modules.pop(argv[2], None)
             runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
         else:
             sys.argv = argv[1:]
