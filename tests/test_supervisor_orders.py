@@ -13,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
+import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,8 @@ from aegis_flow import protocol as p
 from aegis_flow.master.runtime import free_port
 from aegis_flow.supervisor import agent
 from aegis_flow.supervisor.agent import Supervisor, WorkerConfig, _await_rendezvous
+from aegis_flow.supervisor.child import start as start_child
+from aegis_flow.supervisor.waiting import wait_or_cancel
 from tests.jobs import SLEEPER
 
 
@@ -47,7 +52,20 @@ def _order(seq: int, order: str, **data: Any) -> bytes:
     return msg.encode()
 
 
-def test_waiting_for_the_rendezvous_never_swallows_a_cancellation() -> None:
+async def _connect_until_cancelled(addr: str, port: int, timeout: float) -> None:
+    """The pattern that lost cancellations: retry a refused connect under ``except OSError``."""
+    while True:
+        try:
+            await wait_or_cancel(asyncio.open_connection(addr, port), 0.2)
+            return
+        except OSError:
+            await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("waiter", [_await_rendezvous, _connect_until_cancelled],
+                         ids=["rendezvous", "retry-loop"])
+def test_waiting_for_a_refused_port_never_swallows_a_cancellation(
+        waiter: Callable[[str, int, float], Awaitable[None]]) -> None:
     """Cancel the wait at random moments, many times: every cancellation must propagate.
     (The old loop around ``asyncio.wait_for`` lost about one in ten here.)"""
     port = free_port()  # nothing listens: every attempt is refused at once
@@ -56,7 +74,7 @@ def test_waiting_for_the_rendezvous_never_swallows_a_cancellation() -> None:
     async def main() -> list[str]:
         outcomes = []
         for _ in range(200):
-            task = asyncio.ensure_future(_await_rendezvous("127.0.0.1", port, timeout=5.0))
+            task = asyncio.ensure_future(waiter("127.0.0.1", port, 5.0))
             await asyncio.sleep(rng.uniform(0, 0.01))
             task.cancel()
             try:
@@ -129,3 +147,87 @@ def test_a_report_for_a_superseded_order_is_dropped(tmp_path: Path) -> None:
 
     sent = asyncio.run(main())
     assert [(m["seq"], m["data"]["ok"]) for m in sent] == [(5, False)]
+
+
+def _race(waiter: Callable[[Awaitable[Any], float], Awaitable[Any]], outcome: Any) -> str:
+    """The operation ends (``outcome``) and its waiter is cancelled in the same loop step;
+    the caller catches OSError the way the retry loops did. What did the caller do?"""
+    async def main() -> str:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        async def caller() -> str:
+            try:
+                return f"carried on with {await waiter(fut, 5.0)!r}"
+            except OSError as exc:
+                return f"carried on after {type(exc).__name__}"
+
+        task = asyncio.ensure_future(caller())
+        await asyncio.sleep(0)  # the caller waits now
+        if isinstance(outcome, BaseException):
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome)
+        task.cancel()
+        try:
+            return await task
+        except asyncio.CancelledError:
+            return "cancelled"
+
+    return asyncio.run(main())
+
+
+OUTCOMES = [7, ConnectionRefusedError(111, "refused"), ProcessLookupError(3, "no such process")]
+
+
+@pytest.mark.parametrize("outcome", OUTCOMES, ids=["result", "refused", "no-process"])
+def test_wait_or_cancel_raises_cancelled_even_when_the_operation_just_ended(outcome: Any) -> None:
+    assert _race(wait_or_cancel, outcome) == "cancelled"
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="wait_for was fixed in Python 3.12")
+@pytest.mark.parametrize("outcome", OUTCOMES, ids=["result", "refused", "no-process"])
+def test_the_race_catches_asyncio_wait_for_swallowing_the_cancellation(outcome: Any) -> None:
+    """The planted error: the same race with ``asyncio.wait_for`` lets the caller carry on."""
+    assert _race(asyncio.wait_for, outcome).startswith("carried on")
+
+
+def test_wait_or_cancel_times_out_and_cancels_the_operation() -> None:
+    async def main() -> tuple[bool, Any]:
+        ended: list[str] = []
+
+        async def slow() -> int:
+            try:
+                await asyncio.sleep(30)
+            finally:
+                ended.append("cancelled")
+            return 1
+
+        with pytest.raises(asyncio.TimeoutError):
+            await wait_or_cancel(slow(), 0.05)
+        return ended == ["cancelled"], await wait_or_cancel(asyncio.sleep(0, "ok"), 5.0)
+
+    assert asyncio.run(main()) == (True, "ok")
+
+
+def test_a_cancelled_stop_still_kills_the_process_group() -> None:
+    """A stop cancelled during its grace period must not leave a TERM-ignoring child behind."""
+    code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(60)")
+
+    async def main() -> tuple[str, int | None]:
+        ready = asyncio.Event()
+        child = await start_child([sys.executable, "-c", code], dict(os.environ),
+                                  on_line=lambda line: ready.set() if line == "ready" else None)
+        await asyncio.wait_for(ready.wait(), 60)
+        stopping = asyncio.ensure_future(child.stop(grace=60))
+        await asyncio.sleep(0.3)
+        stopping.cancel()
+        try:
+            await stopping
+            outcome = "returned"
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+        status = await asyncio.wait_for(child.wait(), 20)  # killed, not after the 60 s grace
+        return outcome, status.signal
+
+    assert asyncio.run(main()) == ("cancelled", signal.SIGKILL)

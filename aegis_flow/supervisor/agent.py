@@ -33,6 +33,7 @@ from aegis_flow.supervisor.checks import bootcheck_or_troubleshoot
 from aegis_flow.supervisor.inject import Injection
 from aegis_flow.supervisor.prewarm import Zygote, start_zygote
 from aegis_flow.supervisor.stats import BeatClock, StepRate, gpu_type
+from aegis_flow.supervisor.waiting import wait_or_cancel
 
 # a replacement for the real checks (tests): (order, config) -> (ok, fault class, detail)
 CheckFn = Callable[[str, "WorkerConfig"], Awaitable[tuple[bool, str | None, str]]]
@@ -78,30 +79,19 @@ async def _await_rendezvous(addr: str, port: int, timeout: float = 3.0) -> None:
     when the inner attempt and a cancellation of this task meet, so a loop around it with an
     ``except OSError`` swallowed the cancellation of an order that had been superseded (the old
     run order then started its command late and reported under the new order's seq).
-    ``asyncio.wait`` never swallows it.
+    ``wait_or_cancel`` never swallows it.
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        attempt = asyncio.ensure_future(asyncio.open_connection(addr, port))
-        attempt.add_done_callback(_retrieve)
         try:
-            await asyncio.wait({attempt}, timeout=0.2)
-        finally:
-            if not attempt.done():
-                attempt.cancel()
-        if attempt.done() and not attempt.cancelled() and attempt.exception() is None:
-            writer = attempt.result()[1]
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-            return
-        await asyncio.sleep(0.003)
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Mark a finished attempt's exception as seen (no 'never retrieved' warning)."""
-    if not task.cancelled():
-        task.exception()
+            _, writer = await wait_or_cancel(asyncio.open_connection(addr, port), 0.2)
+        except (OSError, asyncio.TimeoutError):
+            await asyncio.sleep(0.003)
+            continue
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+        return
 
 
 def _lossy_from_env(rank: int) -> Callable[[p.Message], bool] | None:
@@ -433,7 +423,7 @@ class Supervisor:
             self.session = _creds_session(self.cfg)
             if self.session is not None:  # --nats-url wins over the URLs in the creds
                 auth.update(self.session.connect_options())
-            self.nc = await asyncio.wait_for(nats.connect(
+            self.nc = await wait_or_cancel(nats.connect(
                 self.cfg.nats_url, connect_timeout=min(self.cfg.connect_timeout, 5.0),
                 max_reconnect_attempts=-1, reconnect_time_wait=0.5, ping_interval=2,
                 max_outstanding_pings=3, allow_reconnect=True,

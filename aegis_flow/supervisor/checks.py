@@ -20,6 +20,7 @@ from aegis_flow.steps.base import CheckResult
 from aegis_flow.steps.classify import Cause
 from aegis_flow.steps.diagnose import diagnose
 from aegis_flow.supervisor import child as childmod
+from aegis_flow.supervisor.waiting import wait_or_cancel
 
 BOOTCHECK_PLAN = ("runtime", "env", "io", "gpu", "rdma", "health")
 TROUBLESHOOT_PLAN = ("runtime", "gpu", "io", "rdma")
@@ -48,7 +49,7 @@ async def run_plan(argv: list[str], env: dict[str, str], out: str, timeout: floa
             why = f"cannot start the checks: {exc}"
             continue
         try:
-            await asyncio.wait_for(proc.wait(), timeout)
+            await wait_or_cancel(proc.wait(), timeout)
         except asyncio.TimeoutError:
             await proc.stop(1.0)
             return [], f"the checks did not finish within {timeout:.0f} s"

@@ -2,7 +2,8 @@
 
 Side effects: spawns the user's command in its own process group (``start_new_session``), with
 PR_SET_PDEATHSIG so it dies with the supervisor; writes its output, rank-prefixed, to our
-stdout; sends signals to its process group. Standard library only (DESIGN.md §3).
+stdout; sends signals to its process group. Standard library only (DESIGN.md §3) and our
+``waiting`` helper.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+
+from aegis_flow.supervisor.waiting import wait_or_cancel
 
 _PR_SET_PDEATHSIG = 1
 
@@ -103,7 +106,7 @@ class Child:
     async def wait(self) -> ExitStatus:
         rc = await asyncio.shield(self._exited)
         try:
-            await asyncio.wait_for(asyncio.shield(self._pump), timeout=2.0)
+            await wait_or_cancel(asyncio.shield(self._pump), 2.0)
         except asyncio.TimeoutError:  # a grandchild holds the pipe open
             self._pump.cancel()
         if self.status is None:
@@ -134,9 +137,12 @@ class Child:
         if self.running:
             self.signal_group(signal.SIGTERM)
             try:
-                await asyncio.wait_for(asyncio.shield(self._exited), timeout=grace)
+                await wait_or_cancel(asyncio.shield(self._exited), grace)
             except asyncio.TimeoutError:
                 pass
+            except asyncio.CancelledError:  # a cancelled stop still leaves nothing running
+                self.signal_group(signal.SIGKILL)
+                raise
         self.signal_group(signal.SIGKILL)  # also whatever the command left in its group
         return await self.wait()
 

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from aegis_flow.supervisor.child import Child, _die_with_parent
+from aegis_flow.supervisor.waiting import wait_or_cancel
 
 ZYGOTE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
@@ -93,7 +94,7 @@ class Zygote:
 
     async def ready(self, timeout: float) -> bool:
         try:
-            return await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+            return await wait_or_cancel(asyncio.shield(self._ready), timeout)
         except asyncio.TimeoutError:
             return False
 
