@@ -12,7 +12,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from aegis_flow.master.runtime import free_port
 from aegis_flow.steps.base import CheckStatus
 from aegis_flow.steps.collective import (
     SLOW_RANK_ENV,
@@ -71,12 +71,6 @@ if spec.get("hard_exit"):  # what a caller must do after a probe was abandoned i
     import os
     os._exit(0)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -6,7 +6,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from aegis_flow.master.runtime import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -25,12 +26,6 @@ STEPS = 30
 EVERY = 5
 DONE_RE = re.compile(r"done: final step (\d+), loss (\S+), params checksum (\S+)")
 RUN_TIMEOUT = 90.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
