@@ -109,6 +109,21 @@ def _spec_from_args(args: argparse.Namespace) -> Any:
     return JobSpec.parse(fields)
 
 
+def _job_spec(args: argparse.Namespace, command: str, how: str) -> Any | None:
+    """The JobSpec from flags and/or ``-f``, or None after printing why (``how``: the ways to
+    give a job, for the message)."""
+    from aegis_flow.jobspec import JobSpecError
+
+    if not args.file and not args.image:
+        print(f"aegis-flow {command}: give {how}", file=sys.stderr)
+        return None
+    try:
+        return _spec_from_args(args)
+    except JobSpecError as exc:
+        print(f"aegis-flow {command}: invalid job:\n{exc}", file=sys.stderr)
+        return None
+
+
 def check_documents(docs: list[dict[str, Any]], *, schema: bool = True) -> list[str]:
     """Schema errors and lint findings of the documents, as printable lines (plain
     Kubernetes objects get the structural checks of ``k8s.validate``)."""
@@ -144,17 +159,10 @@ def builtin_templates() -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def handle_render(args: argparse.Namespace) -> int:
-    from aegis_flow.jobspec import JobSpecError
     from aegis_flow.workflow import build_checks_template, build_workflow, to_yaml
 
-    if not args.file and not args.image:
-        print("aegis-flow render: give --image IMG (and -- CMD), or -f job.yaml",
-              file=sys.stderr)
-        return 2
-    try:
-        spec = _spec_from_args(args)
-    except JobSpecError as exc:
-        print(f"aegis-flow render: invalid job:\n{exc}", file=sys.stderr)
+    spec = _job_spec(args, "render", "--image IMG (and -- CMD), or -f job.yaml")
+    if spec is None:
         return 2
     objs: list[Any] = [build_workflow(spec)]
     if args.checks_template:
@@ -194,17 +202,11 @@ def handle_submit(args: argparse.Namespace) -> int:
             return 2
         namespace = args.namespace or (doc.get("metadata") or {}).get("namespace") or "default"
     else:
-        from aegis_flow.jobspec import JobSpecError
         from aegis_flow.workflow import render
 
-        if not args.file and not args.image:
-            print("aegis-flow submit: give --image IMG (and -- CMD), -f job.yaml or "
-                  "--workflow wf.yaml", file=sys.stderr)
-            return 2
-        try:
-            spec = _spec_from_args(args)
-        except JobSpecError as exc:
-            print(f"aegis-flow submit: invalid job:\n{exc}", file=sys.stderr)
+        spec = _job_spec(args, "submit",
+                         "--image IMG (and -- CMD), -f job.yaml or --workflow wf.yaml")
+        if spec is None:
             return 2
         doc, namespace = render(spec), spec.namespace
     problems = check_documents([doc])
