@@ -196,11 +196,21 @@ def to_event(msg: Message) -> m.Event:
         return m.Finish(msg.rank, msg.seq, bool(msg.data.get("ok", False)), fault_class,
                         str(msg.data.get("detail", ""))[:2000])
     if t is MsgType.ERROR:
-        return m.Error(msg.rank, msg.seq, str(msg.data.get("cause", "error"))[:200])
+        code = msg.data.get("cause_code")
+        code = code if isinstance(code, str) and code != "unknown" else ""
+        klass_name = msg.data.get("cause_class")
+        try:
+            klass = m.CauseClass(klass_name) if code and klass_name else None
+        except ValueError:
+            raise ProtocolError(f"unknown cause class {klass_name!r}") from None
+        signature = msg.data.get("signature")
+        return m.Error(msg.rank, msg.seq, str(msg.data.get("cause", "error"))[:200],
+                       code=code[:64], klass=klass,
+                       signature=signature[:300] if isinstance(signature, str) else "")
     if t is MsgType.HANG:
-        return m.Hang(msg.rank, msg.seq)
+        return m.Hang(msg.rank, msg.seq, waiting=msg.data.get("waiting") is True)
     if t is MsgType.HANG_WITH_QUIT:
-        return m.HangWithQuit(msg.rank, msg.seq)
+        return m.HangWithQuit(msg.rank, msg.seq, waiting=msg.data.get("waiting") is True)
     if t is MsgType.CHECKPOINT:
         step = msg.data.get("step")
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:

@@ -26,6 +26,7 @@ from machine_helpers import (
 from aegis_flow.master.machine import (
     Ack,
     Broadcast,
+    CauseClass,
     ConnectTimeout,
     Error,
     Event,
@@ -428,7 +429,8 @@ def test_t9_checks_passed_aligns_retries_to_recover_count() -> None:
     status = running(3, 5)
     status, _ = step(status, Error(2, status.seq))
     status, _ = finish_all(status)
-    status, _ = step(status, Error(2, status.seq))
+    # a user-class cause: the policy never escalates it, so the checks passing means L1 (T9)
+    status, _ = step(status, Error(2, status.seq, code="oom", klass=CauseClass.USER))
     assert status.retries == (1, 1, 2) and status.phase is Phase.TROUBLESHOOTING
     seq = status.seq
     status, effects = finish_all(status)
@@ -470,8 +472,9 @@ def test_t11_retries_exhausted_fail_the_job(
     """T11: a counted failure makes retries[w] > maxRetry → Failed, recoverCount = maxRetry+1,
     shouldQuit, every inner phase Failed, broadcast quit(failed)."""
     status = running(3, max_retry)
-    for _ in range(max_retry):  # rank 0 fails max_retry times and recovers
-        status, _ = step(status, Error(0, status.seq))
+    for _ in range(max_retry):  # rank 0 fails max_retry times and recovers (a user-class
+        # cause: the policy never escalates it, so each round of checks passing is L1)
+        status, _ = step(status, Error(0, status.seq, code="oom", klass=CauseClass.USER))
         status, _ = finish_all(status)
         assert status.phase is Phase.RUNCOMMAND
     assert status.recover_count == max_retry

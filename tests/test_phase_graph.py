@@ -116,8 +116,9 @@ def scenario(name: str) -> tuple[Status, list[Phase]]:
         seen.append(status.phase)
         status = _all(status, ok, seen)
     elif name == "too-many-crashes":
-        for _ in range(MAX_RETRY + 1):
-            status, _ = step(status, Error(0, status.seq))
+        for i in range(MAX_RETRY + 1):  # a different rank each time: every crash is L1 (the
+            # same rank again would escalate to a container restart, another path)
+            status, _ = step(status, Error(i % len(status.workers), status.seq))
             seen.append(status.phase)
             status = _all(status, ok, seen)
     elif name == "stopped":

@@ -18,7 +18,8 @@ S = CheckStatus
 NODE_LOCAL = ("io", "gpu", "runtime", "rdma")
 CAUSES: dict[str | None, Cause | None] = {
     None: None,
-    "transient": Cause("nccl_timeout", "transient", "Watchdog caught collective operation ..."),
+    "transient": Cause("illegal_memory_access", "transient", "an illegal memory access"),
+    "symptom": Cause("nccl_timeout", "transient", "Watchdog caught collective operation ..."),
     "container": Cause("segfault", "container", "Segmentation fault"),
     "hardware": Cause("ecc_error", "hardware", "uncorrectable ECC error encountered"),
     "user": Cause("file_not_found", "user", "FileNotFoundError: data.bin"),
@@ -46,6 +47,8 @@ def reference(statuses: dict[str, CheckStatus], cause_class: str | None, failure
         base = "slow"
     elif cause_class == "user":
         base = "transient"  # the command is wrong, the node is fine: never escalated
+    elif cause_class == "symptom":
+        base = "transient"  # a peer's failure seen from here: never grounds to escalate
     else:
         base, can_escalate = "transient", True
     if can_escalate and failures >= 3:
@@ -74,7 +77,7 @@ def test_every_node_local_combination_x_cause_x_failures_x_hang() -> None:
             assert run(statuses, cause, failures, hang) == (want, LEVEL[want]), (
                 statuses, cause, failures, hang)
             checked += 1
-    assert checked == 4**4 * 5 * 5 * 2
+    assert checked == 4**4 * len(CAUSES) * 5 * 2
 
 
 def test_every_env_and_collective_combination() -> None:
@@ -94,6 +97,8 @@ GOLDEN = [
     ((), None, 1, False, "L1"),             # checks pass, process exited: restart in place
     ((), "transient", 2, False, "L2"),      # the same rank keeps failing: restart the container
     ((), "transient", 3, False, "L3"),      # ... and again: quarantine the node
+    ((), "symptom", 3, False, "L1"),        # a connection reset seen from a peer: never
+    ((), None, 2, False, "L2"),             # a crash without a known cause escalates too
     ((), "user", 5, False, "L1"),           # a wrong command never quarantines a good node
     (("runtime",), None, 1, False, "L2"),   # runtime broken: container
     (("runtime",), None, 3, False, "L3"),
@@ -129,7 +134,7 @@ def test_escalation_thresholds_are_configurable() -> None:
 
 
 def test_reason_names_the_cause_and_the_failed_checks() -> None:
-    d = diagnose([RESULTS[("io", S.TIMEOUT)]], CAUSES["transient"])
+    d = diagnose([RESULTS[("io", S.TIMEOUT)]], CAUSES["symptom"])
     assert d.rule == "D2" and "io timeout" in d.reason and "nccl_timeout" in d.reason
     assert not d.node_ok and d.to_dict()["failed_checks"] == ["io"]
 
@@ -145,6 +150,7 @@ def test_plan_checks_every_cause_failures_hang_and_replacement() -> None:
         plan = plan_checks(cause, failures, hang, after_replacement=replaced)
         want = ["env"] if replaced else []
         want += ["runtime", "gpu", "io", "rdma"]
+        want += ["health"] if replaced else []  # a replacement passes bootcheck's health
         if hang or failures >= 2 or code in COMMUNICATION:
             want += ["allreduce_connection", "allreduce_performance"]
         assert plan == want, (code, failures, hang, replaced)

@@ -102,7 +102,8 @@ def test_accepting_stale_finishes_is_caught(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_a_worker_that_never_returns_deadlocks_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    def return_but_stay_restarting(status: Status, pod: PodInfo) -> machine.Result:
+    def return_but_stay_restarting(status: Status, pod: PodInfo, *,
+                                   new_incarnation: bool) -> machine.Result:
         pod = replace(pod, exit_code=None)  # forgets to clear `restarting`
         status = machine._set(status, pod)
         if any(p.restarting for p in status.workers):
@@ -186,8 +187,9 @@ def test_a_worker_seq_beyond_the_master_is_caught_without_it_in_the_key(
     then checked on every successor. A returning worker recorded one seq ahead is caught."""
     original = machine._return_worker
 
-    def return_ahead(status: Status, pod: PodInfo) -> machine.Result:
-        return original(status, replace(pod, seq=status.seq + 1))
+    def return_ahead(status: Status, pod: PodInfo, *, new_incarnation: bool) -> machine.Result:
+        return original(status, replace(pod, seq=status.seq + 1),
+                        new_incarnation=new_incarnation)
 
     monkeypatch.setattr(machine, "_return_worker", return_ahead)
     report = verify(Config(workers=2, max_retry=1, seq_bound=3))

@@ -32,7 +32,8 @@ PKG = Path(__file__).resolve().parent.parent  # the aegis_flow package directory
 
 # the worker side of aegis_flow (DESIGN.md §3); tests/test_bundle.py runs the result
 PAYLOAD = ("__init__.py", "outcome.py", "protocol.py", "progress.py", "argtypes.py",
-           "master/__init__.py", "master/model.py", "master/machine.py",
+           "settings.py", "vocab.py",
+           "master/__init__.py", "master/model.py", "master/machine.py", "master/policy.py",
            "supervisor/", "steps/", "data/causes.toml")
 PURE_DEPS = ("nats-py", "nkeys")
 OPTIONAL_PURE_DEPS = ("tomli",)  # Python 3.10 reads the cause table with it

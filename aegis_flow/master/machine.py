@@ -19,6 +19,9 @@ state-based re-send that makes a lost order harmless).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from aegis_flow.master import policy
 from aegis_flow.master.model import (
     LIVE_PHASES,
     SEQ_EVENTS,
@@ -53,6 +56,7 @@ from aegis_flow.master.model import (
     evolve,
     initial_status,
 )
+from aegis_flow.vocab import CauseClass, passes
 
 # --------------------------------------------------------------------------- helpers
 
@@ -101,12 +105,18 @@ def _broadcast(
     seq = status.seq + 1
     if keep_restarting_phase:
         workers = tuple(p if not (p.finished or p.hanging) else
-                        evolve(p, finished=False, hanging=False) for p in status.workers)
+                        evolve(p, finished=False, hanging=False, waiting=False)
+                        for p in status.workers)
     else:
         workers = tuple(p if p.phase is phase and not (p.finished or p.hanging) else
-                        evolve(p, phase=phase, finished=False, hanging=False)
+                        evolve(p, phase=phase, finished=False, hanging=False, waiting=False)
                         for p in status.workers)
     new = evolve(status, phase=phase, seq=seq, workers=workers)
+    # the order's payload is fixed now, from the status alone (policy.order_data)
+    new = evolve(new, plan=policy.plan(new, phase), epoch=new.recover_count,
+                 run_seq=seq if phase is Phase.RUNCOMMAND else new.run_seq,
+                 replaced=(new.replaced or phase is Phase.RESTARTING)
+                 and phase is not Phase.RUNCOMMAND)
     order, outcome = current_order(new)
     assert order is not None
     return new, [Log(message, transition=row), Broadcast(order, seq, outcome)]
@@ -129,12 +139,47 @@ def _count(status: Status, rank: int, cause: str, row: str) -> Result | Status:
     status = _set(status, evolve(pod, retries=retries, last_reason=cause))
     if retries > status.max_retry:  # T11 is checked first
         return _fail(status, Outcome.FAILED, f"{row}+T11: rank {rank} failed ({cause}); "
-                     f"retries {retries} > max-retry {status.max_retry}", recover=True)
+                     f"retries {retries} > max-retry {status.max_retry}", row="T11",
+                     failure=f"rank {rank} failed {retries} times, more than max-retry "
+                             f"{status.max_retry}; last: {cause}")
     return evolve(status, recover_count=max(p.retries for p in status.workers))
 
 
-def _fail(status: Status, outcome: Outcome, message: str, *, recover: bool) -> Result:
-    """T11 / T12: Failed, shouldQuit, every inner phase Failed, broadcast quit."""
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """A failure charged to one rank (policy B2–B4): what its history records."""
+
+    cause: str  # the human text
+    code: str = ""  # the classifier's code ("" unknown)
+    klass: CauseClass | None = None
+    signature: str = ""
+
+
+def _charge(status: Status, rank: int, charge: Charge, row: str) -> Result | Status:
+    """Count a failure against ``rank`` and record it in its history (policy.py): its failures
+    on this node, its open cause, its signature; it becomes the culprit and the blame is
+    settled. R1/T16 first: the same signature as its last charged failure ends the job."""
+    pod = status.workers[rank]
+    if status.give_up_on_repeat and charge.signature and charge.signature == pod.signature:
+        return _fail(status, Outcome.FAILED,
+                     f"T16: rank {rank} failed twice in a row with the same error "
+                     f"({charge.signature}): a deterministic error, not retried", row="T16",
+                     failure=f"rank {rank} failed twice in a row with the same error: "
+                             f"{charge.signature}")
+    if status.blame >= 0 and status.blame != rank:  # the suspect only saw a symptom
+        suspect = status.workers[status.blame]
+        status = _set(status, evolve(suspect, cause="", cause_class=None))
+        pod = status.workers[rank]
+    status = _set(status, evolve(pod, failures=pod.failures + 1, cause=charge.code or
+                                 charge.cause, cause_class=charge.klass,
+                                 signature=charge.signature))
+    status = evolve(status, culprit=rank, blame=-1)
+    return _count(status, rank, charge.cause, row)
+
+
+def _fail(status: Status, outcome: Outcome, message: str, *, row: str,
+          failure: str = "") -> Result:
+    """T11 / T12 / T16: Failed, shouldQuit, every inner phase Failed, broadcast quit."""
     seq = status.seq + 1
     workers = tuple(evolve(p, phase=Phase.FAILED, restarting=False) for p in status.workers)
     new = evolve(
@@ -143,19 +188,29 @@ def _fail(status: Status, outcome: Outcome, message: str, *, recover: bool) -> R
         seq=seq,
         workers=workers,
         should_quit=True,
-        recover_count=status.max_retry + 1 if recover else status.recover_count,
+        recover_count=status.max_retry + 1 if row == "T11" else status.recover_count,
+        failure=failure or status.failure,
     )
-    row = "T11" if recover else "T12"
     return new, [Log(message, level="error", transition=row), Broadcast(Order.QUIT, seq, outcome)]
 
 
 def _replace_worker(
     status: Status, rank: int, cause: str, row: str, *, exit_code: ExitCode | None = None
 ) -> Result:
-    """T3/T7/T10/T10c (uncounted replacement during recovery) with the flap guard."""
+    """T3/T7/T10/T10c (uncounted replacement during recovery) with the flap guard.
+
+    With a suspect pending (B2), the replaced rank is the evidence: the run's failure is
+    charged to it first."""
+    effects: list[Effect] = []
+    if status.blame >= 0:
+        outcome = _charge(status, rank, Charge(cause), f"{row}+B2")
+        if isinstance(outcome, tuple):
+            return outcome
+        status = outcome
+        effects.append(Log(f"B2: rank {rank} failed ({cause}); the peer symptom is "
+                           f"settled; retries {status.retries}", transition="B2"))
     pod = status.workers[rank]
     counted = pod.flaps >= status.flap_limit
-    effects: list[Effect] = []
     if exit_code is ExitCode.NODE_FAULT and pod.node:  # a broken node stays broken
         status = evolve(status, error_nodes=status.error_nodes | {pod.node})
         effects.append(Quarantine(rank, pod.node))
@@ -173,6 +228,7 @@ def _replace_worker(
         last_reason=cause,
         exit_code=exit_code,
         hanging=False,
+        waiting=False,
     )
     status = _set(status, pod)
     note = " (counted: flap limit reached)" if counted else ""
@@ -182,19 +238,20 @@ def _replace_worker(
     else:
         status, more = _broadcast(status, Phase.RESTARTING, row, message,
                                   keep_restarting_phase=True)
-        effects = [*more[:1], *effects, *more[1:]]
+        effects = [more[0], *effects, *more[1:]]
     if exit_code is not None:
         effects.append(ExitWorker(rank, exit_code, status.seq))
     return status, effects
 
 
-def _counted_failure(status: Status, rank: int, cause: str, row: str, phase: Phase) -> Result:
+def _counted_failure(status: Status, rank: int, charge: Charge, row: str,
+                     phase: Phase) -> Result:
     """T5/T6/T14: counted; stop every training process (the broadcast order does it)."""
-    outcome = _count(status, rank, cause, row)
+    outcome = _charge(status, rank, charge, row)
     if isinstance(outcome, tuple):
         return outcome
     status = outcome
-    message = f"{row}: rank {rank} failed ({cause}); retries {status.retries}, " \
+    message = f"{row}: rank {rank} failed ({charge.cause}); retries {status.retries}, " \
               f"recoverCount {status.recover_count}"
     if phase is Phase.RESTARTING:
         pod = evolve(status.workers[rank], restarting=True, exit_code=None)
@@ -228,6 +285,8 @@ def step(status: Status, event: Event, *, now: float = 0.0) -> Result:
     new, effects = _dispatch(status, event, now)
     if effects and isinstance(effects[-1], Log) and effects[-1].ignored is not None:
         return status, effects[-1:]
+    if new.seq != status.seq:  # a new order: its time is part of it (re-sent byte for byte)
+        new = evolve(new, sent_at=now)
     if new is not status and new != status:
         return new, [Persist(), *effects]
     return status, effects
@@ -240,7 +299,7 @@ def _dispatch(status: Status, event: Event, now: float) -> Result:
         if status.phase.terminal:
             return _ignore(status, Ignored.LATE, f"Stop in {status.phase.value}: already over")
         return _fail(evolve(status, stop_reason=event.reason or "stopped"), Outcome.STOPPED,
-                     f"T12: stopped ({event.reason})", recover=False)
+                     f"T12: stopped ({event.reason})", row="T12")
     if isinstance(event, ConnectTimeout):
         if status.phase is not Phase.PENDING:
             return _ignore(status, Ignored.LATE, f"connect timeout in {status.phase.value}")
@@ -258,6 +317,9 @@ def _dispatch(status: Status, event: Event, now: float) -> Result:
         return _ignore(status, Ignored.LATE, f"{_name(event)} after the job ended")
     if event.seq > status.seq:
         return _ignore(status, Ignored.FUTURE, f"{_name(event)} for seq {event.seq} > {status.seq}")
+    if status.blame >= 0 and event.seq == status.run_seq and isinstance(
+            event, Error | HangWithQuit):
+        return _on_evidence(status, event)
     if _is_stale(status, event.seq):
         return _ignore(status, Ignored.STALE,
                        f"stale {_name(event)} (seq {event.seq} < {status.seq})")
@@ -323,7 +385,8 @@ def _on_ack(status: Status, ev: Ack, now: float) -> Result:
             status = _set(status, pod)
             assert pod.exit_code is not None
             return status, [Send(pod.rank, Order.EXIT, status.seq, exit_code=pod.exit_code)]
-        return _return_worker(status, evolve(pod, incarnation=ev.incarnation))
+        return _return_worker(status, evolve(pod, incarnation=ev.incarnation),
+                              new_incarnation=new_incarnation)
 
     if new_incarnation:
         if phase is Phase.RUNCOMMAND:
@@ -331,7 +394,8 @@ def _on_ack(status: Status, ev: Ack, now: float) -> Result:
                 status = _set(status, evolve(pod, incarnation=ev.incarnation))
                 return status, [Log(f"rank {ev.rank} restarted after finishing")]
             status = _set(status, evolve(pod, incarnation=ev.incarnation))
-            return _counted_failure(status, ev.rank, "restarted", "T6", Phase.RESTARTING)
+            return _counted_failure(status, ev.rank, Charge("restarted", "restarted"), "T6",
+                                    Phase.RESTARTING)
         status = _set(status, evolve(pod, incarnation=ev.incarnation))
         return _replace_worker(status, ev.rank, "restarted", "T7")
 
@@ -339,8 +403,11 @@ def _on_ack(status: Status, ev: Ack, now: float) -> Result:
     return status, _resend(status, pod)
 
 
-def _return_worker(status: Status, pod: PodInfo) -> Result:
-    """A restarting worker is back; T8 when every restarting worker is."""
+def _return_worker(status: Status, pod: PodInfo, *, new_incarnation: bool) -> Result:
+    """A restarting worker is back; T8 when every restarting worker is. A new container
+    answers its open failure, a new node clears its history (policy V3)."""
+    if new_incarnation:
+        pod = policy.answered(pod, new_node=pod.exit_code is ExitCode.NODE_FAULT)
     pod = evolve(pod, restarting=False, exit_code=None)
     status = _set(status, pod)
     if any(p.restarting for p in status.workers):
@@ -368,7 +435,8 @@ def _on_lost(status: Status, ev: Lost) -> Result:
     if phase is Phase.RUNCOMMAND:
         if pod.finished:
             return _ignore(status, Ignored.LATE, f"rank {ev.rank} finished and left")
-        return _counted_failure(status, ev.rank, "lost", "T6", Phase.RESTARTING)
+        return _counted_failure(status, ev.rank, Charge("lost", "lost"), "T6",
+                                Phase.RESTARTING)
     return _replace_worker(status, ev.rank, "lost", "T7")
 
 
@@ -379,17 +447,20 @@ def _on_finish(status: Status, ev: Finish) -> Result:
         return _ignore(status, Ignored.LATE, f"Finish(rank {ev.rank}) in {phase.value}")
     if pod.finished:
         return _ignore(status, Ignored.LATE, f"Finish(rank {ev.rank}): already finished")
-    # a slow node is only marked, and in troubleshooting a transient diagnosis means "restart
-    # in place" (L1): both count as passed (DESIGN.md, decision table). Bootcheck is T3.
-    passes = ev.ok or ev.fault is FaultClass.SLOW or (
-        ev.fault is FaultClass.TRANSIENT and phase is Phase.TROUBLESHOOTING)
-    if not passes:
+    # the checks' own verdict (not ok without a class: the node failed them) ...
+    fault = ev.fault if ev.fault is not None or ev.ok else FaultClass.HARDWARE
+    if phase is Phase.TROUBLESHOOTING:  # ... judged with the rank's history (policy V1-V2)
+        fault = policy.verdict(status, pod, fault)
+    if not passes(fault, troubleshooting=phase is Phase.TROUBLESHOOTING):
         if phase is Phase.RUNCOMMAND:
             return _ignore(status, Ignored.LATE,
                            "Finish(not ok) while running: failures are Errors")
         status = _set(status, pod)
-        detail = ev.detail or (ev.fault.value if ev.fault else "check failed")
-        if phase is Phase.TROUBLESHOOTING and ev.fault is FaultClass.CONTAINER:
+        detail = ev.detail or (fault.value if fault else "check failed")
+        if ev.ok and pod.cause:
+            detail = f"{pod.cause} ({fault.value if fault else ''}, failure "\
+                     f"{pod.failures} on this node)"
+        if phase is Phase.TROUBLESHOOTING and fault is FaultClass.CONTAINER:
             return _replace_worker(status, ev.rank, detail, "T10c",
                                    exit_code=ExitCode.CONTAINER_RESTART)
         row = "T3" if phase is Phase.BOOTCHECKING else "T10"
@@ -405,16 +476,35 @@ def _on_finish(status: Status, ev: Finish) -> Result:
         new = evolve(status, phase=Phase.SUCCEED, seq=seq, workers=workers, should_quit=True)
         return new, [Log("T4: every worker finished; job succeeded", transition="T4"),
                      Broadcast(Order.QUIT, seq, Outcome.SUCCESS)]
-    if phase is Phase.TROUBLESHOOTING:  # T9: retries aligned to recoverCount
+    effects: list[Effect] = []
+    if phase is Phase.TROUBLESHOOTING:
+        if status.blame >= 0:  # B3: only symptoms were seen; the first reporter is charged
+            suspect = status.workers[status.blame]
+            outcome = _charge(status, suspect.rank, Charge(suspect.last_reason or suspect.cause,
+                                                           suspect.cause, suspect.cause_class),
+                              "B3")
+            if isinstance(outcome, tuple):
+                return outcome
+            status = outcome
+            effects.append(Log(f"B3: no evidence beyond the peer symptom: rank {suspect.rank} "
+                               f"is charged; retries {status.retries}", transition="B3"))
+        # T9: retries aligned to recoverCount; the open failures are answered (L1)
         rc = status.recover_count
-        workers = tuple(p if p.retries == rc else evolve(p, retries=rc) for p in status.workers)
-        status = evolve(status, workers=workers)
+        workers = tuple(p if p.retries == rc and not p.cause else
+                        evolve(p, retries=rc, cause="", cause_class=None)
+                        for p in status.workers)
+        status = evolve(status, workers=workers, culprit=-1)
         row = "T9"
     else:
         row = "T2"
     workers = tuple(p if p.flaps == 0 else evolve(p, flaps=0) for p in status.workers)
     status = evolve(status, workers=workers, ran=True)
-    return _broadcast(status, Phase.RUNCOMMAND, row, f"{row}: every check passed; run")
+    new, more = _broadcast(status, Phase.RUNCOMMAND, row, f"{row}: every check passed; run")
+    return new, [*effects, *more]
+
+
+def _charge_of(ev: Error) -> Charge:
+    return Charge(ev.cause or "error", ev.code, ev.klass, ev.signature)
 
 
 def _on_error(status: Status, ev: Error) -> Result:
@@ -423,8 +513,41 @@ def _on_error(status: Status, ev: Error) -> Result:
         return _ignore(status, Ignored.LATE, f"Error(rank {ev.rank}) in {status.phase.value}")
     if pod.finished:
         return _ignore(status, Ignored.LATE, f"Error(rank {ev.rank}) after it finished")
+    if policy.is_symptom(ev.code):  # B1: charge nobody yet
+        status = _set(status, evolve(pod, cause=ev.code, cause_class=ev.klass,
+                                     last_reason=ev.cause))
+        return _suspect(status, ev.rank, ev.cause, "T5s")
     status = _set(status, pod)
-    return _counted_failure(status, ev.rank, ev.cause or "error", "T5", Phase.TROUBLESHOOTING)
+    return _counted_failure(status, ev.rank, _charge_of(ev), "T5", Phase.TROUBLESHOOTING)
+
+
+def _suspect(status: Status, rank: int, cause: str, row: str) -> Result:
+    """B1: stop every rank and troubleshoot with the collectives; blame waits for evidence."""
+    status = evolve(status, blame=rank)
+    return _broadcast(status, Phase.TROUBLESHOOTING, row,
+                      f"{row}: rank {rank} reports a peer symptom ({cause}); every rank stops; "
+                      "the failed rank is named by evidence")
+
+
+def _on_evidence(status: Status, ev: Error | HangWithQuit) -> Result:
+    """B2: a late report of the last run while a suspect is pending."""
+    pod = status.workers[ev.rank]
+    if isinstance(ev, Error) and ev.seq == pod.error_seq:
+        return _ignore(status, Ignored.DUPLICATE, f"duplicate {_name(ev)} seq {ev.seq}")
+    symptom = ev.waiting if isinstance(ev, HangWithQuit) else policy.is_symptom(ev.code)
+    if symptom or pod.restarting:
+        return _ignore(status, Ignored.STALE, f"{_name(ev)} of the last run: no evidence")
+    if isinstance(ev, Error):
+        status = _set(status, evolve(pod, error_seq=ev.seq))
+        charge = _charge_of(ev)
+    else:
+        charge = Charge("hang", policy.HANG_CAUSE)
+    outcome = _charge(status, ev.rank, charge, "B2")
+    if isinstance(outcome, tuple):
+        return outcome
+    return outcome, [Log(f"B2: rank {ev.rank} failed ({charge.cause}); the peer symptom is "
+                         f"settled; retries {outcome.retries}, recoverCount "
+                         f"{outcome.recover_count}", transition="B2")]
 
 
 def _on_hang(status: Status, ev: Hang | HangWithQuit) -> Result:
@@ -432,17 +555,29 @@ def _on_hang(status: Status, ev: Hang | HangWithQuit) -> Result:
     if status.phase is not Phase.RUNCOMMAND or pod.finished:
         return _ignore(status, Ignored.LATE, f"{_name(ev)} in {status.phase.value}")
     if isinstance(ev, HangWithQuit):  # T14
-        return _counted_failure(status, ev.rank, "hang", "T14", Phase.TROUBLESHOOTING)
-    if pod.hanging:  # T13, idempotent
+        if not ev.waiting:  # B4: this process itself stopped making progress
+            return _counted_failure(status, ev.rank, Charge("hang", policy.HANG_CAUSE), "T14",
+                                    Phase.TROUBLESHOOTING)
+        busy = [p.rank for p in status.workers if p.hanging and not p.waiting
+                and not p.finished]
+        if busy:  # B2: a peer marked hung (T13) and not waiting is the one
+            return _counted_failure(status, busy[0], Charge("hang", policy.HANG_CAUSE), "T14",
+                                    Phase.TROUBLESHOOTING)
+        status = _set(status, evolve(pod, cause=policy.HANG_CAUSE, cause_class=None,
+                                     last_reason="hang (waiting)"))
+        return _suspect(status, ev.rank, "hang while waiting", "T14s")
+    if pod.hanging and pod.waiting == ev.waiting:  # T13, idempotent
         return _ignore(status, Ignored.DUPLICATE, f"rank {ev.rank} is already marked hanging")
-    return _set(status, evolve(pod, hanging=True)), [
-        Log(f"T13: rank {ev.rank} looks hung; process kept", level="warning", transition="T13")]
+    return _set(status, evolve(pod, hanging=True, waiting=ev.waiting)), [
+        Log(f"T13: rank {ev.rank} looks hung{' (waiting)' if ev.waiting else ''}; process kept",
+            level="warning", transition="T13")]
 
 
 __all__ = [
-    "Ack", "Broadcast", "CheckpointDone", "ConnectTimeout", "Effect", "Error", "Event",
-    "ExitCode", "ExitWorker", "FaultClass", "Finish", "Hang", "HangWithQuit", "Ignored",
+    "Ack", "Broadcast", "CauseClass", "Charge", "CheckpointDone", "ConnectTimeout", "Effect",
+    "Error", "Event", "ExitCode", "ExitWorker", "FaultClass", "Finish", "Hang", "HangWithQuit",
+    "Ignored",
     "LIVE_PHASES", "Log", "Lost", "MalformedEvent", "Order", "Outcome", "Persist", "Phase",
     "PodInfo", "Quarantine", "Send", "Status", "Stop", "TERMINAL_PHASES", "current_order",
-    "initial_status", "step",
+    "evolve", "initial_status", "step",
 ]

@@ -11,6 +11,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
+from aegis_flow.vocab import LIVE_PHASES as LIVE_PHASES
+from aegis_flow.vocab import TERMINAL_PHASES as TERMINAL_PHASES
+from aegis_flow.vocab import CauseClass as CauseClass
+from aegis_flow.vocab import ExitCode as ExitCode
+from aegis_flow.vocab import FaultClass as FaultClass
+from aegis_flow.vocab import Order as Order
+from aegis_flow.vocab import Outcome as Outcome
+from aegis_flow.vocab import Phase as Phase
+
 T = TypeVar("T")
 _REPLACERS: dict[tuple[Any, ...], Callable[[Any, dict[str, Any]], Any]] = {}
 
@@ -57,65 +66,8 @@ def _make_copier(cls: type, changed: frozenset[str]) -> Callable[[Any, dict[str,
 
 
 # --------------------------------------------------------------------------- states
-
-
-class Phase(enum.Enum):
-    """Global phase of the job, also used as each worker's inner phase."""
-
-    PENDING = "Pending"
-    BOOTCHECKING = "BootChecking"
-    RUNCOMMAND = "RunCommand"
-    RESTARTING = "Restarting"
-    TROUBLESHOOTING = "Troubleshooting"
-    SUCCEED = "Succeed"
-    FAILED = "Failed"
-    INDEPENDENT = "Independent"
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL_PHASES
-
-
-TERMINAL_PHASES = frozenset({Phase.SUCCEED, Phase.FAILED, Phase.INDEPENDENT})
-LIVE_PHASES = frozenset(set(Phase) - TERMINAL_PHASES)
-
-
-class Order(enum.Enum):
-    """What the master tells workers to do. Each phase has exactly one current order."""
-
-    BOOTCHECK = "bootcheck"
-    RUN = "run"
-    TROUBLESHOOT = "troubleshoot"
-    HOLD = "hold"  # stop training (if any) and wait
-    QUIT = "quit"
-    RUN_INDEPENDENT = "run-independent"
-    EXIT = "exit"  # leave with an exit code (node fault / container restart); per worker only
-
-
-class FaultClass(enum.Enum):
-    """Diagnosis of a failed check (DESIGN.md §2, decision table)."""
-
-    TRANSIENT = "transient"  # L1: restart the process in place
-    CONTAINER = "container"  # L2: restart the container
-    HARDWARE = "hardware"  # L3: quarantine the node, reschedule
-    SLOW = "slow"  # mark only; evict at the next checkpoint
-
-
-class ExitCode(enum.IntEnum):
-    """Worker exit codes: the contract between supervisor and workflow (range 70–79)."""
-
-    NODE_FAULT = 70  # retry this pod elsewhere
-    CONTAINER_RESTART = 71  # retry here
-    SLOW_NODE_EVICTED = 72
-    JOB_FAILED = 73  # retries exhausted: never retried
-    STOPPED = 74  # stopped by an operator
-
-
-class Outcome(enum.Enum):
-    SUCCESS = "success"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
+# The vocabulary (phases, orders, fault and cause classes, exit codes) lives in
+# ``aegis_flow/vocab.py``, written down once for the core, the runtime and the supervisor.
 
 @dataclass(frozen=True, slots=True)
 class PodInfo:
@@ -136,7 +88,13 @@ class PodInfo:
     error_seq: int = -1  # seq of the last processed Error (dedup)
     flaps: int = 0  # uncounted replacements since the job last entered RunCommand
     hanging: bool = False
+    waiting: bool = False  # its hang report said the process sleeps (waiting on a peer)
     exit_code: ExitCode | None = None  # an exit it was told to make; re-sent until it returns
+    # -- failure history (the policy's input; ``policy.py``) ---------------------------------
+    failures: int = 0  # counted failures charged to this rank on its current node (escalation)
+    cause: str = ""  # the cause code of its open failure ("" = none, or answered)
+    cause_class: CauseClass | None = None  # the log classifier's class of that cause
+    signature: str = ""  # exception and step of its last charged failure (repeat detection)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +112,22 @@ class Status:
     ran: bool = False  # the command has run at least once in this job (T8)
     stop_reason: str = ""
     checkpoint_step: int = -1
+    # -- the recovery policy's state (``policy.py``): all of it persisted ---------------------
+    blame: int = -1  # a rank reported only a peer symptom: the first such rank, until evidence
+    culprit: int = -1  # the rank charged with the failure that started this recovery
+    replaced: bool = False  # a worker was replaced since the command last ran
+    run_seq: int = -1  # the seq of the last run order (late evidence answers it)
+    plan: tuple[str, ...] = ()  # the checks of the current bootcheck/troubleshoot order
+    epoch: int = 0  # recoverCount when the current order was made (AEGIS_RESTART_COUNT)
+    sent_at: float = 0.0  # when the current order was made: a re-send is byte-for-byte equal
+    failure: str = ""  # why the job failed, in one line (T11, T16)
+    # -- settings of the policy -------------------------------------------------------------
+    give_up_on_repeat: bool = True  # the same error at the same step twice in a row: T16
+    l2_after: int = 2  # a rank with this many failures on its node: restart its container
+    l3_after: int = 3  # ... this many: quarantine its node
+    collective_after: int = 2  # ... this many: troubleshoot with the collective checks
+    rdzv_addr: str = "127.0.0.1"  # where rank 0 hosts each epoch's rendezvous
+    rdzv_base: int = 0  # first port of the rendezvous window (0 = ports not assigned)
 
     @property
     def retries(self) -> tuple[int, ...]:
@@ -169,8 +143,23 @@ def initial_status(
     *,
     flap_limit: int = 3,
     nodes: tuple[str, ...] | None = None,
+    **settings: Any,
 ) -> Status:
-    """The status of a job that has just been created (phase Pending)."""
+    """The status of a job that has just been created (phase Pending). ``settings``: the
+    policy's settings (``give_up_on_repeat``, ``l2_after``, ``l3_after``, ``collective_after``,
+    ``rdzv_addr``, ``rdzv_base``)."""
+    unknown = set(settings) - SETTINGS
+    if unknown:
+        raise TypeError(f"unknown settings {sorted(unknown)}")
+    if not 1 <= settings.get("l2_after", 2) <= settings.get("l3_after", 3):
+        raise ValueError("escalation thresholds must satisfy 1 <= l2_after <= l3_after, got "
+                         f"l2_after={settings.get('l2_after', 2)}, "
+                         f"l3_after={settings.get('l3_after', 3)}")
+    if settings.get("collective_after", 2) < 1:
+        raise ValueError("collective_after must be 1 or more")
+    base = settings.get("rdzv_base", 0)
+    if base and not 1024 <= base <= 65535 - RDZV_SPAN:
+        raise ValueError(f"rendezvous port base {base} must lie in 1024..{65535 - RDZV_SPAN}")
     if workers < 1:
         raise ValueError(f"the number of workers ({workers}) must be at least 1")
     if max_retry < 0:
@@ -182,7 +171,13 @@ def initial_status(
     pods = tuple(
         PodInfo(rank=r, node=nodes[r] if nodes else "") for r in range(workers)
     )
-    return Status(phase=Phase.PENDING, workers=pods, max_retry=max_retry, flap_limit=flap_limit)
+    return Status(phase=Phase.PENDING, workers=pods, max_retry=max_retry, flap_limit=flap_limit,
+                  **settings)
+
+
+SETTINGS = frozenset({"give_up_on_repeat", "l2_after", "l3_after", "collective_after",
+                      "rdzv_addr", "rdzv_base"})
+RDZV_SPAN = 64  # each order with a rendezvous uses port rdzv_base + seq % RDZV_SPAN
 
 
 # --------------------------------------------------------------------------- events
@@ -212,11 +207,18 @@ class Finish:
 
 @dataclass(frozen=True, slots=True)
 class Error:
-    """The command failed while running (non-zero exit or signal)."""
+    """The command failed while running (non-zero exit or signal).
+
+    ``code``/``klass``: the log classifier's cause code and class ("" / None: unknown);
+    ``signature``: the exception and step it died at ("" when none: a signal, no traceback) —
+    two equal signatures in a row on one rank are a deterministic user error (T16)."""
 
     rank: int
     seq: int
     cause: str = "error"
+    code: str = ""
+    klass: CauseClass | None = None
+    signature: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,14 +230,21 @@ class Lost:
 
 @dataclass(frozen=True, slots=True)
 class Hang:
+    """No progress for the mark threshold (T13). ``waiting``: as for ``HangWithQuit``."""
+
     rank: int
     seq: int
+    waiting: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class HangWithQuit:
+    """No progress for the quit threshold. ``waiting``: the process sleeps (blocked, e.g. in a
+    collective waiting for a peer) rather than running or stopped: a peer symptom."""
+
     rank: int
     seq: int
+    waiting: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from aegis_flow import protocol as p
 from aegis_flow.master import machine as m
+from aegis_flow.master import policy
+from aegis_flow.master.model import RDZV_SPAN, evolve
 from aegis_flow.master.store import KVStore, Store, StoreConflict, decode_doc, encode_doc
+from aegis_flow.settings import MASTER
 
 if TYPE_CHECKING:
     from aegis_flow.master.creds import CredsService
@@ -33,16 +36,21 @@ log = logging.getLogger("aegis_flow.master")
 class MasterConfig:
     job: str
     workers: int
-    max_retry: int = 3
-    namespace: str = "default"
-    nats_url: str = "nats://127.0.0.1:4222"
-    flap_limit: int = 3
-    connect_timeout: float = 60.0  # Pending → Independent (T15)
-    lost_timeout: float = 3.0  # no heartbeat for this long → Lost
-    replace_timeout: float = 120.0  # Restarting longer than this → Stop (T12)
-    linger: float = 5.0  # after the end: keep re-sending the final order to laggards
+    max_retry: int = MASTER.max_retry
+    namespace: str = MASTER.namespace
+    nats_url: str = MASTER.nats_url
+    flap_limit: int = MASTER.flap_limit
+    connect_timeout: float = MASTER.connect_timeout  # Pending → Independent (T15)
+    lost_timeout: float = MASTER.lost_timeout  # no heartbeat for this long → Lost
+    replace_timeout: float = MASTER.replace_timeout  # Restarting longer than this → Stop (T12)
+    linger: float = MASTER.linger  # after the end: keep re-sending the final order to laggards
     tick: float = 0.05
     rendezvous_addr: str = "127.0.0.1"
+    rendezvous_port_base: int = 0  # first port of the job's rendezvous window (0 = pick one)
+    give_up_on_repeat: bool = True  # the same error at the same step twice in a row: T16
+    l2_after: int = 2  # escalation: container restart from this many failures of a rank
+    l3_after: int = 3  # escalation: node quarantine from this many failures of a rank
+    save_retries: int = 5  # a failed status save is retried this often before degrading
     status_file: str = ""  # also write the final status document here (local mode)
     slow_fraction: float = 0.5  # a rank below this share of its peers' median is slow
     # observability (observer.py, http.py): None = no HTTP endpoint, 0 = a free port
@@ -60,6 +68,30 @@ def free_port(addr: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def pick_port_window(addr: str, *, low: int = 20000, high: int = 32000) -> int:
+    """The first port of a window of ``RDZV_SPAN`` ports for a new job's rendezvous, below the
+    kernel's ephemeral range (so outgoing connections never take them), every port bindable now.
+    Chosen once per job and persisted with its status: the port of each epoch is the core's
+    decision (``policy.rendezvous_port``)."""
+    import random
+
+    rng = random.SystemRandom()
+    for _ in range(50):
+        base = rng.randrange(low, high - RDZV_SPAN)
+        try:
+            for port in range(base, base + RDZV_SPAN):
+                with socket.socket() as s:
+                    s.bind((addr, port))
+        except OSError:
+            continue
+        return base
+    return low
+
+
+class StoreDamaged(RuntimeError):
+    """The stored status document cannot be read: the master will not resume from it."""
+
+
 class Master:
     def __init__(self, cfg: MasterConfig, *, store: Store | None = None,
                  security: CredsService | None = None, nodes: Any = None) -> None:
@@ -69,25 +101,27 @@ class Master:
         self.node_jobs: list[asyncio.Future[None]] = []
         self.subjects = p.Subjects(cfg.namespace, cfg.job)
         self.store = store
-        self.status = m.initial_status(cfg.workers, cfg.max_retry, flap_limit=cfg.flap_limit)
+        self.status = m.initial_status(
+            cfg.workers, cfg.max_retry, flap_limit=cfg.flap_limit,
+            give_up_on_repeat=cfg.give_up_on_repeat, l2_after=cfg.l2_after,
+            l3_after=cfg.l3_after, rdzv_addr=cfg.rendezvous_addr,
+            rdzv_base=cfg.rendezvous_port_base)
         self.revision = 0
         self.nc: Any = None
         self.last_seen: dict[int, float] = {}
         self._last_tick: float | None = None
         self._loss_grace_until = 0.0
+        self._stats_at = 0.0
         self.phase_since = time.monotonic()
         self.started = time.monotonic()
         self.events: collections.deque[str] = collections.deque(maxlen=30)
         self.stats: collections.Counter[str] = collections.Counter()
         self.ended_at: float | None = None
         self.lock = asyncio.Lock()
-        self.applied: list[tuple[str, float]] = []  # (event type, wall time applied): benchmarks
-        self._ports: dict[int, int] = {}
-        self.culprit: int | None = None  # the rank whose failure started this recovery
-        self.failures: dict[int, int] = {}  # counted failures by rank (for escalation)
-        self.causes: dict[int, dict[str, str]] = {}  # last classified cause by rank
-        self.hang_rank: int | None = None
-        self.replaced = False  # a worker was replaced since the job last ran
+        self.last_applied: tuple[str, float] = ("", 0.0)  # (event type, wall time): benchmarks
+        self.tails: dict[int, list[str]] = {}  # each rank's last output lines (display only)
+        self.store_down_since: float | None = None  # a save failed: degraded, not dead
+        self._stats_saved: dict[str, int] = {}
         self.env_reports: dict[int, dict[str, Any]] = {}
         self.bandwidth: dict[int, float] = {}
         self._timing = bool(os.environ.get("AEGIS_TIMING"))
@@ -104,29 +138,65 @@ class Master:
     def _doc(self) -> bytes:
         return encode_doc(self.status, events=list(self.events), stats=dict(self.stats),
                           updated=time.time(), max_retry=self.cfg.max_retry,
-                          failures={str(r): n for r, n in self.failures.items()},
-                          causes={str(r): c for r, c in self.causes.items()})
+                          tails={str(r): t for r, t in self.tails.items()})
 
     async def _persist(self) -> None:
         if self.store is not None:
             self.revision = await self.store.save(self._doc(), self.revision)
+            self._stats_saved = dict(self.stats)
+
+    async def _save(self) -> bool:
+        """Store the status, retrying a failing store; False if it stays gone (degraded)."""
+        delay = 0.1
+        for attempt in range(self.cfg.save_retries + 1):
+            try:
+                await self._persist()
+            except StoreConflict:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a timeout, a full disk, NATS gone
+                self.stats["save_failed"] += 1
+                if attempt == self.cfg.save_retries:
+                    if self.store_down_since is None:
+                        self.store_down_since = time.monotonic()
+                    log.error("cannot store the status (%s): the transition is held back; "
+                              "training goes on, loss detection is paused", exc or type(exc))
+                    return False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            else:
+                if self.store_down_since is not None:
+                    log.warning("the status store is back after %.1f s",
+                                time.monotonic() - self.store_down_since)
+                    self.store_down_since = None
+                    self._loss_grace_until = time.monotonic() + self.cfg.lost_timeout
+                return True
+        return False
 
     async def _load(self) -> None:
         if self.store is None:
             return
         raw, rev = await self.store.load()
         if raw is None:
+            if not self.cfg.rendezvous_port_base:
+                base = pick_port_window(self.cfg.rendezvous_addr)
+                self.status = evolve(self.status, rdzv_base=base)
             await self._persist()
             return
-        status, doc = decode_doc(raw)
+        try:
+            status, doc = decode_doc(raw)
+        except ValueError as exc:
+            raise StoreDamaged(f"the stored status of job {self.cfg.job} is damaged ({exc}); "
+                               "the master will not resume from it. Inspect it with "
+                               "`aegis-flow status`, then start the job afresh (a new "
+                               "--job name or state dir)") from None
         if len(status.workers) != self.cfg.workers:
             raise ValueError(f"stored job has {len(status.workers)} workers, not "
                              f"{self.cfg.workers}")
         self.status, self.revision = status, rev
         self.events.extend(doc.get("events", []))
         self.stats.update(doc.get("stats", {}))
-        self.failures = {int(r): int(n) for r, n in (doc.get("failures") or {}).items()}
-        self.causes = {int(r): dict(c) for r, c in (doc.get("causes") or {}).items()}
+        self._stats_saved = dict(self.stats)
+        self.tails = {int(r): list(t) for r, t in (doc.get("tails") or {}).items()}
         self._note(f"resumed from stored status: {status.phase.value}, seq {status.seq}, "
                    f"retries {status.retries}")
 
@@ -136,18 +206,28 @@ class Master:
         log.log(level, text)
 
     # -- the one executor -------------------------------------------------------------------
-    async def apply(self, event: m.Event) -> None:
+    async def apply(self, event: m.Event) -> bool:
+        """Step the machine and carry out its effects. The new status is stored before anything
+        is sent; if it cannot be stored the transition does not happen (False): the in-memory
+        status stays as it was and the event comes again (workers repeat their reports, timers
+        fire again)."""
         async with self.lock:
             before_status = self.status
             before = before_status.phase
             new, effects = m.step(self.status, event, now=time.time())
+            if effects and isinstance(effects[0], m.Persist):
+                self.status = new
+                if not await self._save():
+                    self.status = before_status
+                    return False
+                effects = effects[1:]
             self.status = new
-            self.applied.append((type(event).__name__, time.time()))
+            self.last_applied = (type(event).__name__, time.time())
             if self.observer is not None:
                 self.observer.transition(before_status, new, event, effects, time.time())
             if self._timing and not isinstance(event, m.Ack) and new is not before_status:
                 log.info("AEGIS_APPLIED %s %s %.6f", type(event).__name__, new.phase.value,
-                         self.applied[-1][1])
+                         self.last_applied[1])
             if before is not new.phase:
                 self.phase_since = time.monotonic()
                 if new.phase.terminal:
@@ -156,11 +236,12 @@ class Master:
                         self.security.job_ended()
             for effect in effects:
                 await self._execute(effect)
+            return True
 
     async def _execute(self, effect: m.Effect) -> None:
         now = time.time()
-        if isinstance(effect, m.Persist):
-            await self._persist()
+        if isinstance(effect, m.Persist):  # step puts it first: apply() stored the status
+            pass
         elif isinstance(effect, m.Log):
             if effect.ignored is None:
                 self._note(effect.message, logging.getLevelName(effect.level.upper()))
@@ -196,59 +277,23 @@ class Master:
 
     async def _publish(self, subject: str, effect: m.Broadcast | m.Send | m.ExitWorker,
                        now: float) -> None:
-        extra: dict[str, Any] = {"restart_count": self.status.recover_count}
+        """Encode an order: its payload and time come from the stored status alone, so a
+        re-send of a seq is byte for byte the order first sent (OrdersAreStable)."""
         order = effect.order if not isinstance(effect, m.ExitWorker) else m.Order.EXIT
-        if order in (m.Order.RUN, m.Order.RUN_INDEPENDENT):
-            extra.update(self._run_extra(effect.seq))
-        elif order in (m.Order.BOOTCHECK, m.Order.TROUBLESHOOT):
-            extra.update(self._check_extra(order, effect.seq))
-        msg = p.order_message(self.subjects, effect, now=now, extra=extra)
+        st = self.status
+        extra = policy.order_data(st, order, effect.seq)
+        stamp = st.sent_at if effect.seq == st.seq and st.sent_at else now
+        msg = p.order_message(self.subjects, effect, now=stamp, extra=extra)
         await self.nc.publish(subject, msg.encode())
 
-    def _run_extra(self, seq: int) -> dict[str, Any]:
-        """Every run epoch gets a fresh rendezvous: a port derived from nothing stale."""
-        port = self._ports.get(seq)
-        if port is None:
-            port = free_port(self.cfg.rendezvous_addr)
-            self._ports = {seq: port}
-        return {"rendezvous": {"addr": self.cfg.rendezvous_addr, "port": port}}
-
-    def _check_extra(self, order: m.Order, seq: int) -> dict[str, Any]:
-        """The check plan for every rank (collectives need all of them, so one plan)."""
-        from aegis_flow.steps.classify import Cause
-        from aegis_flow.steps.diagnose import plan_checks
-
-        if order is m.Order.BOOTCHECK:
-            plan = ["runtime", "env", "io", "gpu", "rdma", "health"]
-        else:
-            culprit = self.culprit
-            raw = self.causes.get(culprit) if culprit is not None else None
-            cause = Cause(raw["code"], raw["class"]) if raw else None
-            plan = plan_checks(cause, self.failures.get(culprit, 0) if culprit is not None
-                               else 0, self.hang_rank is not None,
-                               after_replacement=self.replaced)
-        data: dict[str, Any] = {
-            "checks": plan, "failures": {str(r): n for r, n in self.failures.items()},
-            "causes": {str(r): c for r, c in self.causes.items()},
-            "hang_rank": self.hang_rank}
-        if any(c in ("health", "allreduce_connection", "allreduce_performance") for c in plan):
-            data.update(self._run_extra(seq))
-        return data
-
     def _observe(self, msg: p.Message, event: m.Event) -> None:
-        """What the runtime (not the pure machine) keeps: causes, failures, reports."""
+        """What the runtime keeps for display and cross-worker notes (no decision): each
+        rank's last output lines, the env reports and the bandwidths of a round of checks."""
         before = self.status
-        if isinstance(event, m.Error | m.HangWithQuit) and event.seq == before.seq and (
-                before.phase is m.Phase.RUNCOMMAND):
-            self.culprit = event.rank
-            self.failures[event.rank] = self.failures.get(event.rank, 0) + 1
-            self.hang_rank = event.rank if isinstance(event, m.HangWithQuit) else None
-            code = msg.data.get("cause_code")
-            if isinstance(event, m.HangWithQuit):
-                self.causes[event.rank] = {"code": "hang", "class": "slow"}
-            elif isinstance(code, str):
-                self.causes[event.rank] = {"code": code,
-                                           "class": str(msg.data.get("cause_class", ""))}
+        if isinstance(event, m.Error) and event.seq == before.seq:
+            tail = msg.data.get("tail")
+            if isinstance(tail, list):
+                self.tails[event.rank] = [str(line)[:300] for line in tail[-10:]]
         if isinstance(event, m.Finish) and event.seq == before.seq:
             if before.phase is m.Phase.BOOTCHECKING:
                 for r in msg.data.get("results") or []:
@@ -281,10 +326,6 @@ class Master:
                     self._note(f"rank {r} is slow: {self.bandwidth[r]:.3f} GB/s vs its peers",
                                logging.WARNING)
             self.bandwidth.clear()
-        if st.phase is m.Phase.RESTARTING:
-            self.replaced = True
-        elif st.phase is m.Phase.RUNCOMMAND:
-            self.replaced = False
 
     # -- input ------------------------------------------------------------------------------
     async def on_message(self, raw: bytes, subject: str | None = None) -> None:
@@ -341,7 +382,12 @@ class Master:
             await self.apply(m.Stop(f"rank(s) {missing} not back within "
                                     f"{self.cfg.replace_timeout:.0f} s"))
             return
-        if st.phase.terminal or now < self._loss_grace_until:
+        if self.store_down_since is not None or (
+                dict(self.stats) != self._stats_saved and now - self._stats_at > 1.0):
+            self._stats_at = now  # keep the stored stats current; probe a store that failed
+            async with self.lock:
+                await self._save()
+        if st.phase.terminal or now < self._loss_grace_until or self.store_down_since:
             return
         for pod in st.workers:
             if pod.incarnation is None or pod.restarting:
@@ -392,6 +438,9 @@ class Master:
         except StoreConflict as exc:
             log.error("another master owns job %s: %s", self.cfg.job, exc)
             return 2
+        except StoreDamaged as exc:
+            log.error("%s", exc)
+            return 5
         finally:
             if self.security is not None:
                 await self.security.stop()
@@ -440,7 +489,13 @@ class Master:
 
 
 def summary(status: m.Status) -> str:
-    """The user's one-line summary (DESIGN.md §2, observability)."""
-    return (f"job {status.phase.value}: max restarts {status.max_retry}, restarted "
-            f"{status.recover_count} times; hardware faults rescheduled "
-            f"{len(status.error_nodes)} times")
+    """The user's one-line summary (DESIGN.md §2, observability), and why a failed job failed.
+
+    Restarts: recoverCount, except after T11, which sets it to max-retry + 1 for the failure
+    that was not restarted."""
+    restarts = min(status.recover_count, status.max_retry)
+    text = (f"job {status.phase.value}: max restarts {status.max_retry}, restarted "
+            f"{restarts} times; hardware faults rescheduled {len(status.error_nodes)} times")
+    if status.phase is m.Phase.FAILED and (status.failure or status.stop_reason):
+        text += f"; {status.failure or 'stopped: ' + status.stop_reason}"
+    return text

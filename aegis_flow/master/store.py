@@ -27,6 +27,8 @@ def status_to_dict(status: m.Status) -> dict[str, Any]:
             value = [pod_to_dict(pod) for pod in value]
         elif f.name == "error_nodes":
             value = sorted(value)
+        elif f.name == "plan":
+            value = list(value)
         elif isinstance(value, m.Phase):
             value = value.value
         out[f.name] = value
@@ -41,6 +43,8 @@ def pod_to_dict(pod: m.PodInfo) -> dict[str, Any]:
             value = value.value
         elif isinstance(value, m.ExitCode):
             value = int(value)
+        elif isinstance(value, m.CauseClass):
+            value = value.value
         out[f.name] = value
     return out
 
@@ -54,11 +58,15 @@ def status_from_dict(data: dict[str, Any]) -> m.Status:
             pod["phase"] = m.Phase(pod["phase"])
             code = pod.get("exit_code")
             pod["exit_code"] = m.ExitCode(code) if code is not None else None
+            klass = pod.get("cause_class")
+            pod["cause_class"] = m.CauseClass(klass) if klass is not None else None
             pods.append(m.PodInfo(**pod))
-        rest = {k: v for k, v in data.items() if k not in ("workers", "phase", "error_nodes")}
+        rest = {k: v for k, v in data.items()
+                if k not in ("workers", "phase", "error_nodes", "plan")}
         return m.Status(phase=m.Phase(data["phase"]), workers=tuple(pods),
-                        error_nodes=frozenset(data.get("error_nodes", ())), **rest)
-    except (KeyError, TypeError, ValueError) as exc:
+                        error_nodes=frozenset(data.get("error_nodes", ())),
+                        plan=tuple(str(c) for c in data.get("plan", ())), **rest)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"stored status is damaged: {exc!r}") from None
 
 
@@ -67,7 +75,13 @@ def encode_doc(status: m.Status, **extra: Any) -> bytes:
 
 
 def decode_doc(raw: bytes) -> tuple[m.Status, dict[str, Any]]:
-    doc = json.loads(raw)
+    """The status and the whole document; ValueError naming the damage if it is unreadable."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"stored status is damaged: not JSON ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("status"), dict):
+        raise ValueError("stored status is damaged: no status object in the document")
     return status_from_dict(doc["status"]), doc
 
 

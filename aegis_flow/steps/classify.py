@@ -193,3 +193,31 @@ def classify(lines: Iterable[str], table: CauseTable | None = None) -> Cause:
     if best is None or best_line is None:
         return UNKNOWN_CAUSE
     return Cause(best.code, best.klass, best_line[1], best_line[0], best.description)
+
+
+_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+), in (.+)$')
+
+
+def exception_of(lines: Sequence[str]) -> tuple[str, str] | None:
+    """The last Python exception in a process's output: (``"KeyError: 'x'"``, ``"train.py:40
+    in main"``) — the exception line and its innermost frame — or None when there is none.
+    Pure. A traceback ends at its first unindented line after the frames."""
+    found: tuple[str, str] | None = None
+    where = ""
+    in_tb = False
+    for raw in lines:
+        line = raw[:MAX_LINE].rstrip()
+        if line.startswith("Traceback (most recent call last):"):
+            in_tb, where = True, ""
+            continue
+        if not in_tb:
+            continue
+        frame = _FRAME.match(line)
+        if frame:
+            where = f"{Path(frame.group(1)).name}:{frame.group(2)} in {frame.group(3)}"
+        elif line and not line[0].isspace():
+            if line.startswith(("During handling", "The above exception")):
+                continue
+            found, in_tb = (line[:200], where), False
+    return found
+

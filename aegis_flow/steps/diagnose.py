@@ -17,20 +17,29 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from aegis_flow.master import policy
+from aegis_flow.master.model import PodInfo
+from aegis_flow.vocab import (
+    COLLECTIVE_PLAN,
+    ESCALATION,
+    LEVEL_OF,
+    NODE_LOCAL_PLAN,
+    PEER_SYMPTOM_CAUSES,
+    CauseClass,
+    FaultClass,
+    troubleshoot_plan,
+)
+from aegis_flow.vocab import RECOVERY as _RECOVERY
+
 if TYPE_CHECKING:
     from aegis_flow.steps.base import CheckResult
     from aegis_flow.steps.classify import Cause
 
-FAULT_CLASSES = ("transient", "container", "hardware", "slow")
-LEVEL_OF = {"transient": "L1", "container": "L2", "hardware": "L3", "slow": "mark"}
-RECOVERY = {"L1": "restart the process in place", "L2": "restart the container (worker)",
-            "L3": "quarantine the node, reschedule elsewhere", "mark": "mark the node slow; "
-            "evict it at the next checkpoint; never schedule there again"}
+FAULT_CLASSES = tuple(f.value for f in FaultClass)
+LEVEL_NAMES = {f.value: lv.value for f, lv in LEVEL_OF.items()}
+RECOVERY = {lv.value: what for lv, what in _RECOVERY.items()}
 #: causes that point at the network between ranks: they earn the collective checks
-COMMUNICATION_CAUSES = frozenset({"nccl_timeout", "nccl_error", "socket_timeout",
-                                  "connection_reset"})
-NODE_LOCAL_PLAN = ("runtime", "gpu", "io", "rdma")  # cheapest first
-COLLECTIVE_PLAN = ("allreduce_connection", "allreduce_performance")
+COMMUNICATION_CAUSES = PEER_SYMPTOM_CAUSES
 DEFAULT_L2_AFTER, DEFAULT_L3_AFTER, DEFAULT_COLLECTIVE_AFTER = 2, 3, 2
 
 
@@ -45,10 +54,13 @@ class Facts:
 
 @dataclass(frozen=True)
 class Row:
+    """One row. ``holds`` None: the row reads the rank's failure history, which only the master
+    has — ``policy.judge`` decides it (the worker's checks never do)."""
+
     id: str
     when: str
     fault_class: str
-    holds: Callable[[Facts], bool]
+    holds: Callable[[Facts], bool] | None
     escalates: bool  # a rank that keeps failing moves up from here
 
 
@@ -64,17 +76,17 @@ TABLE: tuple[Row, ...] = (
     Row("D4", "runtime failed (CUDA/driver/torch unusable)", "container", _failed("runtime"),
         True),
     Row("D5", "env failed (environment damaged)", "container", _failed("env"), True),
-    Row("D6", "the log shows a hardware cause (ECC error, GPU lost)", "hardware",
-        lambda f: f.cause_class == "hardware", False),
+    Row("D6", "the log shows a hardware cause (ECC error, GPU lost)", "hardware", None, False),
     Row("D7", "the log shows a container cause (CUDA error, segfault, import error)",
-        "container", lambda f: f.cause_class == "container", True),
+        "container", None, True),
     Row("D8", "allreduce_performance failed, or the process hung", "slow",
-        lambda f: f.hang or _failed("allreduce_performance", "hang")(f), False),
+        _failed("allreduce_performance", "hang"), False),
     Row("D9", "the log shows a user cause (OOM, file not found): the node is fine",
-        "transient", lambda f: f.cause_class == "user", False),
-    Row("D10", "io/gpu/runtime/rdma pass (or do not apply), process exited", "transient",
-        lambda f: True, True),
+        "transient", None, False),
+    Row("D10", "io/gpu/runtime/rdma pass (or do not apply), process exited; a peer symptom "
+        "(connection reset, NCCL timeout) never escalates", "transient", lambda f: True, True),
 )
+ROWS = {r.id: r for r in TABLE}
 
 
 @dataclass(frozen=True)
@@ -91,6 +103,11 @@ class Diagnosis:
         """True when the worker can report Finish(ok): L1 restart or a slow mark."""
         return self.level in ("L1", "mark")
 
+    @property
+    def fault(self) -> FaultClass | None:
+        """The class a worker reports in its Finish (None: nothing failed)."""
+        return None if self.fault_class == "transient" else FaultClass(self.fault_class)
+
     def to_dict(self) -> dict[str, Any]:
         return {"fault_class": self.fault_class, "level": self.level, "reason": self.reason,
                 "rule": self.rule, "escalated": self.escalated,
@@ -103,36 +120,58 @@ def _check_thresholds(l2_after: int, l3_after: int) -> None:
                          f"l2_after={l2_after}, l3_after={l3_after}")
 
 
-def diagnose(results: Sequence[CheckResult], cause: Cause | None = None, *,
-             failures_of_rank: int = 1, hang: bool = False,
-             l2_after: int = DEFAULT_L2_AFTER, l3_after: int = DEFAULT_L3_AFTER) -> Diagnosis:
-    """Decide one rank's recovery. ``failures_of_rank`` counts this rank's failures in the job,
-    the current one included (1 = first failure); ``hang`` says the watchdog fired."""
-    if failures_of_rank < 0:
-        raise ValueError(f"failures_of_rank must be 0 or more, got {failures_of_rank}")
-    _check_thresholds(l2_after, l3_after)
+def checks_verdict(results: Sequence[CheckResult]) -> Diagnosis:
+    """What one rank's own check results say (rows D1–D5 and D8; else D10 without escalation).
+    This is what a worker reports in its Finish; the master judges it with the rank's failure
+    history (``master/policy.judge``: rows D6, D7, D9 and the escalation)."""
     failed = frozenset(r.check_type for r in results if r.failed)
-    facts = Facts(failed, None if cause is None else cause.klass, hang)
-    row = next(r for r in TABLE if r.holds(facts))
+    facts = Facts(failed, None, False)
+    row = next(r for r in TABLE if r.holds is not None and r.holds(facts))
     names = tuple(sorted(failed))
     why = row.when
-    if cause is not None and cause.known:
-        why += f"; cause {cause.code} ({cause.klass})"
     if failed:
         details = "; ".join(r.detail for r in results if r.failed)
         why += f"; failed: {', '.join(names)}: {details}"
-    fault = row.fault_class
-    escalated = False
-    if row.escalates:
-        target = ("hardware" if failures_of_rank >= l3_after else
-                  "container" if failures_of_rank >= l2_after else fault)
-        if FAULT_CLASSES.index(target) > FAULT_CLASSES.index(fault):
-            why += (f"; rank failed {failures_of_rank} times (L2 from {l2_after}, L3 from "
-                    f"{l3_after}): escalated from {LEVEL_OF[fault]} to {LEVEL_OF[target]}")
-            fault, escalated = target, True
-    level = LEVEL_OF[fault]
-    return Diagnosis(fault, level, f"{level} ({RECOVERY[level]}): {why}", row.id, escalated,
-                     names)
+    level = LEVEL_NAMES[row.fault_class]
+    return Diagnosis(row.fault_class, level, f"{level} ({RECOVERY[level]}): {why}", row.id,
+                     False, names)
+
+
+def diagnose(results: Sequence[CheckResult], cause: Cause | None = None, *,
+             failures_of_rank: int = 1, hang: bool = False,
+             l2_after: int = DEFAULT_L2_AFTER, l3_after: int = DEFAULT_L3_AFTER) -> Diagnosis:
+    """The whole table for one rank, as the master applies it: the rank's checks
+    (``checks_verdict``), then its failure history (``policy.judge``). ``failures_of_rank``
+    counts this rank's failures on its node, the current one included (1 = first failure);
+    ``hang`` says the watchdog fired."""
+    if failures_of_rank < 0:
+        raise ValueError(f"failures_of_rank must be 0 or more, got {failures_of_rank}")
+    _check_thresholds(l2_after, l3_after)
+    own = checks_verdict(results)
+    klass = CauseClass(cause.klass) if cause is not None else None
+    code = cause.code if cause is not None else "exited"
+    if hang and klass not in (CauseClass.HARDWARE, CauseClass.CONTAINER):
+        code, klass = policy.HANG_CAUSE, None
+    pod = PodInfo(rank=0, failures=failures_of_rank, cause=code, cause_class=klass)
+    fault, rule = policy.judge(pod, own.fault if own.fault_class != "transient"
+                               else FaultClass.TRANSIENT, l2_after=l2_after, l3_after=l3_after)
+    fault_class = fault.value if fault is not None else "transient"
+    row = ROWS[own.rule if rule == "checks" else rule]
+    why = row.when
+    if cause is not None and cause.known:
+        why += f"; cause {cause.code} ({cause.klass})"
+    if own.failed_checks:
+        details = "; ".join(r.detail for r in results if r.failed)
+        why += f"; failed: {', '.join(own.failed_checks)}: {details}"
+    base = row.fault_class
+    escalated = ESCALATION.index(FaultClass(fault_class)) > ESCALATION.index(
+        FaultClass(base)) if fault_class != "slow" and base != "slow" else False
+    if escalated:
+        why += (f"; rank failed {failures_of_rank} times (L2 from {l2_after}, L3 from "
+                f"{l3_after}): escalated from {LEVEL_NAMES[base]} to {LEVEL_NAMES[fault_class]}")
+    level = LEVEL_NAMES[fault_class]
+    return Diagnosis(fault_class, level, f"{level} ({RECOVERY[level]}): {why}", row.id,
+                     escalated, own.failed_checks)
 
 
 def plan_checks(cause: Cause | None, failures_of_rank: int, hang: bool, *,
@@ -141,11 +180,15 @@ def plan_checks(cause: Cause | None, failures_of_rank: int, hang: bool, *,
     """Which checks a troubleshoot runs, in order. Node-local checks always (cheapest first);
     the collective checks only for a repeated failure of this rank, a communication-class cause
     or a hang; ``env`` first after a replacement (a new pod must pass bootcheck's checks)."""
-    plan = (["env"] if after_replacement else []) + list(NODE_LOCAL_PLAN)
-    communication = cause is not None and cause.code in COMMUNICATION_CAUSES
-    if hang or communication or failures_of_rank >= collective_after:
-        plan += COLLECTIVE_PLAN
-    return plan
+    if hang:
+        code, klass = policy.HANG_CAUSE, None
+    else:
+        code = cause.code if cause is not None else ""
+        klass = CauseClass(cause.klass) if cause is not None else None
+    culprit = PodInfo(rank=0, failures=failures_of_rank, cause=code, cause_class=klass)
+    return [c.value for c in troubleshoot_plan(
+        replaced=after_replacement,
+        collectives=policy.needs_collectives(culprit, collective_after))]
 
 
 def explain_table(*, l2_after: int = DEFAULT_L2_AFTER, l3_after: int = DEFAULT_L3_AFTER,
@@ -155,19 +198,23 @@ def explain_table(*, l2_after: int = DEFAULT_L2_AFTER, l3_after: int = DEFAULT_L
     description rows to list as well)."""
     _check_thresholds(l2_after, l3_after)
     width = max(len(r.when) for r in TABLE)
-    lines = ["Diagnosis (first row that holds decides; 'failed' = status fail or timeout):", "",
+    lines = ["Diagnosis (first row that holds decides; 'failed' = status fail or timeout; the "
+             "worker's checks decide D1-D5 and D8, the master adds the rank's history: D6, D7, "
+             "D9 and the escalation):", "",
              f"  {'row':<4} {'when':<{width}}  class      level", f"  {'-' * (width + 23)}"]
     for r in TABLE:
         lines.append(f"  {r.id:<4} {r.when:<{width}}  {r.fault_class:<10} "
-                     f"{LEVEL_OF[r.fault_class]}{'  (escalates)' if r.escalates else ''}")
+                     f"{LEVEL_NAMES[r.fault_class]}{'  (escalates)' if r.escalates else ''}")
     lines += ["", "Levels:"] + [f"  {lv:<4} {what}" for lv, what in RECOVERY.items()]
     lines += ["", f"Escalation: from a row marked (escalates), a rank with {l2_after} or more "
               f"failures moves to L2 (container), with {l3_after} or more to L3 (hardware).",
               "", "Troubleshoot plan: " + ", ".join(NODE_LOCAL_PLAN) + " always (node-local, "
               "cheapest first); then " + ", ".join(COLLECTIVE_PLAN) + f" only when the rank "
               f"failed {collective_after} or more times, the cause is a communication cause "
-              f"({', '.join(sorted(COMMUNICATION_CAUSES))}), or the process hung; env first "
-              "after a replacement."]
+              f"({', '.join(sorted(COMMUNICATION_CAUSES))}), the process hung, or only a peer "
+              "symptom was reported; after a replacement env first and health after the "
+              "node-local checks.", "", "Blame and repeats (the master's policy):", "",
+              *("  " + line for line in policy.explain().splitlines())]
     if causes:
         lines += ["", "Causes (log classifier):"]
         cw = max(len(c[0]) for c in causes)

@@ -17,13 +17,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aegis_flow.steps.base import CheckResult
-from aegis_flow.steps.classify import Cause
-from aegis_flow.steps.diagnose import diagnose
+from aegis_flow.steps.diagnose import checks_verdict
 from aegis_flow.supervisor import child as childmod
 from aegis_flow.supervisor.waiting import wait_or_cancel
+from aegis_flow.vocab import BOOTCHECK_PLAN, NODE_LOCAL_PLAN, Order, needs_rendezvous, passes
 
-BOOTCHECK_PLAN = ("runtime", "env", "io", "gpu", "rdma", "health")
-TROUBLESHOOT_PLAN = ("runtime", "gpu", "io", "rdma")
 Starter = Callable[[list[str], dict[str, str]], Awaitable[childmod.Child]]
 
 
@@ -67,18 +65,17 @@ async def run_plan(argv: list[str], env: dict[str, str], out: str, timeout: floa
 
 
 async def bootcheck_or_troubleshoot(
-        order: str, data: Mapping[str, Any], *, rank: int, world_size: int, work_dir: str,
+        order: Order, data: Mapping[str, Any], *, rank: int, world_size: int, work_dir: str,
         env: dict[str, str], starters: list[Starter], timeout: float = 600.0,
 ) -> tuple[bool, str | None, str, dict[str, Any]]:
-    """Run the order's plan and diagnose this rank: (ok, fault class, detail, data)."""
-    default = BOOTCHECK_PLAN if order == "bootcheck" else TROUBLESHOOT_PLAN
+    """Run the order's plan (the master's, ``policy.plan``) and report what this rank's checks
+    say: (ok, fault class, detail, data). The master judges it with the rank's failure history
+    (``policy.judge``); the worker never decides its own escalation."""
+    default = BOOTCHECK_PLAN if order is Order.BOOTCHECK else NODE_LOCAL_PLAN
     plan = [str(c) for c in data.get("checks") or default]
-    rendezvous = data.get("rendezvous") if any(
-        c in ("health", "allreduce", "allreduce_connection", "allreduce_performance")
-        for c in plan) else None
+    rendezvous = data.get("rendezvous") if needs_rendezvous(plan) else None
     if rendezvous is None:
-        plan = [c for c in plan if c not in ("health", "allreduce", "allreduce_connection",
-                                             "allreduce_performance")]
+        plan = [c for c in plan if not needs_rendezvous([c])]
     fd, out = tempfile.mkstemp(prefix=".aegis-checks-", suffix=".json", dir=work_dir)
     os.close(fd)
     os.unlink(out)
@@ -86,20 +83,16 @@ async def bootcheck_or_troubleshoot(
         # troubleshoot is on the recovery's critical path: a smaller io probe (every rank of
         # the node runs it at once); bootcheck measures the storage properly
         argv = check_argv(sys.executable, plan, out, work_dir, rank, world_size, rendezvous,
-                          io_size_mib=8.0 if order == "bootcheck" else 1.0)
+                          io_size_mib=8.0 if order is Order.BOOTCHECK else 1.0)
         results, why = await run_plan(argv, env, out, timeout, starters)
     finally:
         if os.path.exists(out):
             os.unlink(out)
     if not results:
-        return False, "container", f"{order}: {why}", {}
-    failures = int(dict(data.get("failures") or {}).get(str(rank), 0))
-    raw_cause = dict(data.get("causes") or {}).get(str(rank))
-    cause = Cause(str(raw_cause["code"]), str(raw_cause["class"])) if raw_cause else None
-    hang = bool(data.get("hang_rank") == rank)
-    diag = diagnose(results, cause, failures_of_rank=failures, hang=hang)
-    ok = diag.fault_class in ("transient", "slow")
-    fault = None if diag.fault_class == "transient" else diag.fault_class
+        return False, "container", f"{order.value}: {why}", {}
+    diag = checks_verdict(results)
+    ok = passes(diag.fault, troubleshooting=True)
+    fault = diag.fault.value if diag.fault is not None else None
     report: dict[str, Any] = {"results": [r.to_dict() for r in results],
                               "diagnosis": diag.to_dict()}
     return ok, fault, diag.reason[:1500], report

@@ -159,6 +159,18 @@ async def start(cmd: Sequence[str], env: Mapping[str, str], *, prefix: str = "",
     return Child(proc.pid, proc.stdout, exited, prefix, tail_lines, on_line)
 
 
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of ``pid`` (R running, S sleeping, D disk, T stopped, Z
+    zombie), or "" when it cannot be read. Side effect: reads ``/proc/PID/stat``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    _, _, rest = stat.rpartition(")")  # the command name may hold spaces and parentheses
+    return rest.split()[0] if rest.split() else ""
+
+
 def reap_orphans(known: Callable[[int], bool]) -> int:
     """As PID 1: reap exited processes that are not our own children-in-use. Returns how many."""
     reaped = 0
