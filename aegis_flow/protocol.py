@@ -232,8 +232,11 @@ def order_message(subjects: Subjects, effect: m.Broadcast | m.Send | m.ExitWorke
         data["order"] = effect.order.value
         if effect.outcome is not None:
             data["outcome"] = effect.outcome.value
-        rank = effect.rank if isinstance(effect, m.Send) else -1
+        # a re-send of the phase's order is the broadcast itself (same bytes, OrdersAreStable);
+        # only an exit names its worker
+        rank = -1
         if isinstance(effect, m.Send) and effect.exit_code is not None:
             data["exit_code"] = int(effect.exit_code)
+            rank = effect.rank
     return Message(job=subjects.job, namespace=subjects.namespace, pod_name="master",
                    type=MsgType.ORDER, rank=rank, seq=effect.seq, data=data, timestamp=now)

@@ -22,10 +22,13 @@ from aegis_flow import protocol as p
 from aegis_flow.master import model as m
 from aegis_flow.master.faultlog import FaultLog, record
 from aegis_flow.master.metrics import PHASES, MasterMetrics
+from aegis_flow.settings import env_value
+from aegis_flow.vocab import LEVEL_OF, Level
 
-LEVEL_OF_FAULT = {m.FaultClass.HARDWARE: "L3", m.FaultClass.CONTAINER: "L2",
-                  m.FaultClass.TRANSIENT: "L1", m.FaultClass.SLOW: ""}
-LEVEL_OF_EXIT = {m.ExitCode.NODE_FAULT: "L3", m.ExitCode.CONTAINER_RESTART: "L2"}
+#: a slow mark is no recovery level in the metrics' labels
+LEVEL_OF_FAULT = {f: ("" if lv is Level.MARK else lv.value) for f, lv in LEVEL_OF.items()}
+LEVEL_OF_EXIT = {m.ExitCode.NODE_FAULT: LEVEL_OF[m.FaultClass.HARDWARE].value,
+                 m.ExitCode.CONTAINER_RESTART: LEVEL_OF[m.FaultClass.CONTAINER].value}
 RECOVERY = (m.Phase.TROUBLESHOOTING, m.Phase.RESTARTING)
 CHECKING = {m.Phase.BOOTCHECKING: "bootcheck", m.Phase.TROUBLESHOOTING: "troubleshoot"}
 
@@ -363,7 +366,9 @@ class Observer:
         if a in CHECKING:
             self.round_since = now
         if b is m.Phase.RUNCOMMAND and a in RECOVERY:
-            level = "L1" if isinstance(event, m.Error | m.HangWithQuit) else "L2"
+            # an in-place restart unless the failure already replaced a worker (T6); an exit
+            # ordered later in the recovery raises it (LEVEL_OF_EXIT above)
+            level = Level.L2.value if a is m.Phase.RESTARTING else Level.L1.value
             self.recovery = (now, failure_cause(event, data), level)
         if a is m.Phase.RUNCOMMAND and self.recovery is not None:
             since, cause, level = self.recovery
@@ -408,6 +413,6 @@ def make_observer(*, job: str, namespace: str, workers: int, gpu_type: str = "",
         job=job, namespace=namespace, workers=workers, gpu_type=gpu_type,
         metrics=MasterMetrics() if metrics else None,
         faults=FaultLog(Path(log_dir)) if log_dir else None,
-        master_pod=os.environ.get("AEGIS_POD_NAME", "master"),
-        master_ip=os.environ.get("AEGIS_POD_IP", ""),
-        master_node=os.environ.get("AEGIS_NODE_NAME", ""))
+        master_pod=env_value("AEGIS_POD_NAME", "master"),
+        master_ip=env_value("AEGIS_POD_IP", ""),
+        master_node=env_value("AEGIS_NODE_NAME", ""))

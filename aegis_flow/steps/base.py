@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from aegis_flow.vocab import NODE_LOCAL_PLAN, Check
+
 
 class CheckStatus(str, Enum):
     PASS = "pass"
@@ -33,11 +35,11 @@ class CheckStatus(str, Enum):
 
 
 #: every check type, in the order reports list them
-CHECK_TYPES: tuple[str, ...] = (
-    "env", "io", "gpu", "runtime", "rdma", "allreduce_connection", "allreduce_performance", "hang",
-)
+CHECK_TYPES: tuple[str, ...] = tuple(c.value for c in (
+    Check.ENV, Check.IO, Check.GPU, Check.RUNTIME, Check.RDMA, Check.ALLREDUCE_CONNECTION,
+    Check.ALLREDUCE_PERFORMANCE, Check.HANG))
 #: the node-local checks of a troubleshoot (cheap, no peers needed)
-NODE_LOCAL_CHECKS: tuple[str, ...] = ("runtime", "gpu", "io", "rdma")
+NODE_LOCAL_CHECKS: tuple[str, ...] = tuple(c.value for c in NODE_LOCAL_PLAN)
 #: the collective checks (need every rank)
 COLLECTIVE_CHECKS: tuple[str, ...] = ("allreduce_connection", "allreduce_performance")
 

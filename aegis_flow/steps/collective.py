@@ -80,6 +80,7 @@ from aegis_flow.steps.base import (
     run_with_budget,
 )
 from aegis_flow.steps.slow import DEFAULT_SLOW_FRACTION, flag_slow, peer_median
+from aegis_flow.vocab import Check
 
 __all__ = [
     "BACKENDS", "DEFAULT_ITERS", "DEFAULT_SIZE_MIB", "DEFAULT_WARMUP", "SLOW_RANK_ENV",
@@ -96,7 +97,8 @@ DEFAULT_WARMUP = 2
 #: elements per rank in the health check's tensors
 HEALTH_NUMEL = 4096
 GB = 1e9
-CONNECTION, PERFORMANCE, HEALTH = "allreduce_connection", "allreduce_performance", "health"
+CONNECTION, PERFORMANCE, HEALTH = (Check.ALLREDUCE_CONNECTION.value,
+                                   Check.ALLREDUCE_PERFORMANCE.value, Check.HEALTH.value)
 
 
 # --- pure helpers -------------------------------------------------------------------------------

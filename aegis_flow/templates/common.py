@@ -10,6 +10,7 @@ from hera.workflows import models as m
 
 from aegis_flow.jobspec import JobSpec
 from aegis_flow.templates.contract import OUTCOME_DIR
+from aegis_flow.vocab import BOOTCHECK_PLAN, COLLECTIVE_CHECKS, NODE_LOCAL_PLAN
 
 QUARANTINE_LABEL = "aegis.io/quarantined"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -22,8 +23,9 @@ MAIN, MASTER, ATTEMPT, BOOTCHECK, WORKER, VERDICT = (
 TROUBLESHOOT, QUARANTINE, GIVE_UP, REPORT = "troubleshoot", "quarantine", "give-up", "report"
 
 # the checks each phase runs (aegis-flow check NAMES); the collective ones need every rank
-BOOTCHECK_CHECKS = "env,io,gpu,runtime,rdma"
-TROUBLESHOOT_CHECKS = "io,gpu,runtime,rdma"
+# (vocab's plans without the collectives: on Argo those run as their own steps)
+BOOTCHECK_CHECKS = ",".join(c.value for c in BOOTCHECK_PLAN if c not in COLLECTIVE_CHECKS)
+TROUBLESHOOT_CHECKS = ",".join(c.value for c in NODE_LOCAL_PLAN)
 CHECK_OUT = f"{OUTCOME_DIR}/check.json"
 
 

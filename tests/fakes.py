@@ -1,0 +1,33 @@
+"""In-memory fakes shared by the master's runtime tests: a NATS connection that records what is
+published, and a store that fails on demand. Pure Python, no I/O."""
+
+from __future__ import annotations
+
+from aegis_flow.master.store import MemoryStore
+
+
+class FakeNats:
+    """Stands in for a connected nats-py client: ``publish`` records (subject, bytes)."""
+
+    is_connected = True
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+
+    async def publish(self, subject: str, data: bytes) -> None:
+        self.sent.append((subject, data))
+
+
+class FlakyStore(MemoryStore):
+    """A MemoryStore whose saves raise while ``down`` (a NATS timeout, a full disk)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+        self.failed = 0
+
+    async def save(self, raw: bytes, revision: int) -> int:
+        if self.down:
+            self.failed += 1
+            raise TimeoutError("nats: timeout")
+        return await super().save(raw, revision)

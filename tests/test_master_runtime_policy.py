@@ -1,0 +1,117 @@
+"""The master's runtime carries out the core's decisions and decides nothing itself: a restarted
+master re-sends an order byte for byte; a save that fails holds the transition back; a damaged
+stored document is refused with the reason. In-process: the real ``Master`` over fakes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from aegis_flow import protocol as p
+from aegis_flow.master import machine as m
+from aegis_flow.master.runtime import Master, MasterConfig, StoreDamaged, summary
+from aegis_flow.master.store import MemoryStore
+
+from fakes import FakeNats, FlakyStore
+
+
+def msg(rank: int, t: p.MsgType, seq: int, inc: str = "", **data: object) -> bytes:
+    return p.Message(job="j", namespace="default", pod_name=f"j-worker-{rank}", type=t,
+                     rank=rank, seq=seq, incarnation=inc or f"i{rank}", data=dict(data),
+                     timestamp=time.time()).encode()
+
+
+def master(store: MemoryStore, **cfg: object) -> Master:
+    mm = Master(MasterConfig(job="j", workers=2, observe=False, **cfg),  # type: ignore[arg-type]
+                store=store)
+    mm.nc = FakeNats()
+    return mm
+
+
+def orders(mm: Master, name: str) -> list[bytes]:
+    return [raw for _, raw in mm.nc.sent if json.loads(raw)["data"].get("order") == name]
+
+
+async def to_running(mm: Master) -> None:
+    await mm._load()
+    for r in (0, 1):
+        await mm.on_message(msg(r, p.MsgType.ACK, 0))
+    for r in (0, 1):
+        await mm.on_message(msg(r, p.MsgType.FINISH, mm.status.seq, ok=True))
+    assert mm.status.phase is m.Phase.RUNCOMMAND
+
+
+def test_a_restarted_master_resends_the_same_bytes_for_the_same_seq() -> None:
+    """code-review §1.2a (restart_probe.py): a new port for RUN and a troubleshoot plan without
+    the collectives after a master restart."""
+    async def go() -> None:
+        store = MemoryStore()
+        a = master(store)
+        await to_running(a)
+        run = orders(a, "run")[-1]
+        b = master(store)
+        await b._load()
+        await b.on_message(msg(0, p.MsgType.ACK, json.loads(run)["seq"] - 1))
+        assert orders(b, "run")[-1] == run  # byte for byte: port, epoch, timestamp
+        # a communication failure: the troubleshoot includes the collectives ...
+        await a.on_message(msg(1, p.MsgType.ERROR, a.status.seq, cause="reset",
+                               cause_code="nccl_timeout", cause_class="transient"))
+        ts = orders(a, "troubleshoot")[-1]
+        assert "allreduce_connection" in json.loads(ts)["data"]["checks"]
+        c = master(store)  # ... and so does the re-send of a master restarted after it
+        await c._load()
+        await c.on_message(msg(0, p.MsgType.ACK, json.loads(ts)["seq"] - 1))
+        assert orders(c, "troubleshoot")[-1] == ts
+    asyncio.run(go())
+
+
+def test_a_failed_save_sends_nothing_and_the_repeated_report_goes_through() -> None:
+    async def go() -> None:
+        store = FlakyStore()
+        mm = master(store, save_retries=1)
+        await to_running(mm)
+        before, sent = mm.status, len(mm.nc.sent)
+        store.down = True
+        await mm.on_message(msg(1, p.MsgType.ERROR, mm.status.seq, cause="SIGKILL"))
+        assert mm.status == before and len(mm.nc.sent) == sent  # nothing on unsaved state
+        assert mm.store_down_since is not None and store.failed == 2
+        store.down = False
+        # the worker repeats its report with every heartbeat until the seq advances
+        await mm.on_message(msg(1, p.MsgType.ERROR, mm.status.seq, cause="SIGKILL"))
+        assert mm.status.phase is m.Phase.TROUBLESHOOTING
+        assert orders(mm, "troubleshoot") and mm.store_down_since is None
+    asyncio.run(go())
+
+
+def test_loss_detection_pauses_while_the_store_is_down() -> None:
+    async def go() -> None:
+        store = FlakyStore()
+        mm = master(store, save_retries=0, lost_timeout=0.2)
+        await to_running(mm)
+        store.down = True
+        await mm.on_message(msg(1, p.MsgType.ERROR, mm.status.seq, cause="SIGKILL"))
+        for r in (0, 1):
+            mm.last_seen[r] = time.monotonic() - 10
+        await mm.tick()
+        assert mm.status.phase is m.Phase.RUNCOMMAND  # no Lost while degraded
+    asyncio.run(go())
+
+
+def test_a_damaged_document_is_refused_with_the_reason() -> None:
+    async def go() -> None:
+        store = MemoryStore()
+        store.raw, store.revision = b'{"status": {"phase": "Nonsense"}}', 3
+        mm = master(store)
+        with pytest.raises(StoreDamaged, match="damaged.*aegis-flow status"):
+            await mm._load()
+    asyncio.run(go())
+
+
+def test_the_summary_counts_restarts_not_recover_count() -> None:
+    """B9: every failed job said "restarted R+1 times" after R restarts."""
+    st = m.evolve(m.initial_status(2, 3), phase=m.Phase.FAILED, recover_count=4,
+                  failure="rank 1 failed 4 times")
+    assert "restarted 3 times" in summary(st) and "rank 1 failed 4 times" in summary(st)
