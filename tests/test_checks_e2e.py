@@ -72,7 +72,10 @@ def test_real_rdma_checks_quarantine_only_the_broken_nodes(tmp_path: Path) -> No
     (["--node-env", "local-node-1"], "expected NODE:NAME=VALUE"),
     (["--check-budget", "io=0"], "must be more than 0 seconds"),
     (["--check-budget", "disk=3"], "expected CHECK=SECONDS"),
-    (["--hang-after", "10", "--hang-quit-after", "5"], "must not be shorter"),
+    (["--hang-after", "10", "--hang-quit-after", "5"], "must be shorter than hang-quit-after"),
+    (["--hang-after", "1000"], "hang-quit-after (900 s, the default)"),
+    (["--workers", "0"], "workers (0) must be at least 1"),
+    (["--lost-timeout", "-1"], "the lost timeout (-1 s) must be more than 0 seconds"),
     (["--hang-after", "-1"], "must be more than 0 seconds"),
 ], ids=lambda v: v if isinstance(v, str) else " ".join(v))
 def test_bad_run_settings_are_clear_errors(tmp_path: Path, args: list[str], message: str,

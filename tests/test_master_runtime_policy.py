@@ -115,3 +115,23 @@ def test_the_summary_counts_restarts_not_recover_count() -> None:
     st = m.evolve(m.initial_status(2, 3), phase=m.Phase.FAILED, recover_count=4,
                   failure="rank 1 failed 4 times")
     assert "restarted 3 times" in summary(st) and "rank 1 failed 4 times" in summary(st)
+
+
+def test_status_shows_what_it_can_of_a_damaged_document() -> None:
+    from aegis_flow.local.status import render, summary_of
+
+    raw = json.dumps({"status": {"phase": "Nonsense", "seq": 7}, "events": ["12:00 T5"]})
+    text = render(raw.encode())
+    assert "damaged" in text and "seq          7" in text and "12:00 T5" in text
+    assert "damaged" in render(b"\x00garbage") and "damaged" in summary_of(b"{")
+
+
+def test_status_names_why_a_job_failed_and_the_last_output() -> None:
+    from aegis_flow.local.status import render
+    from aegis_flow.master.store import encode_doc
+
+    st = m.evolve(m.initial_status(2, 3), phase=m.Phase.FAILED, recover_count=1,
+                  failure="rank 1 failed twice in a row with the same error: KeyError: 'x'")
+    text = render(encode_doc(st, tails={"1": ["Traceback ...", "KeyError: 'x'"]}))
+    assert "why it failed: rank 1 failed twice" in text
+    assert "last output of rank 1:" in text and "  KeyError: 'x'" in text

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from aegis_flow.settings import env_value
 
 SCHEMA_VERSION = "v4.0.5"
 _HERE = Path(__file__).resolve().parent
@@ -43,7 +44,7 @@ class SchemaUnavailable(RuntimeError):
 
 def schema_path() -> Path:
     """``$AEGIS_ARGO_SCHEMA``, else ``shared/argo/`` beside the checkout; SchemaUnavailable."""
-    env = os.environ.get("AEGIS_ARGO_SCHEMA")
+    env = env_value("AEGIS_ARGO_SCHEMA", "")
     if env:
         if not Path(env).is_file():
             raise SchemaUnavailable(f"AEGIS_ARGO_SCHEMA={env} does not exist")

@@ -18,6 +18,7 @@ from typing import Any
 
 from aegis_flow.k8s.api import FakeNodeApi, NodeApi, NodeApiError
 from aegis_flow.k8s.nodes import Record
+from aegis_flow.settings import env_value
 
 
 def add_parsers(sub: Any) -> None:
@@ -38,7 +39,7 @@ def add_parsers(sub: Any) -> None:
     q = ns.add_parser("quarantine", help="quarantine NODE...")
     q.add_argument("names", nargs="+", metavar="NODE")
     q.add_argument("--reason", required=True, help="why (kept in an annotation)")
-    q.add_argument("--by", default=os.environ.get("AEGIS_JOB") or os.environ.get("USER")
+    q.add_argument("--by", default=env_value("AEGIS_JOB", "") or os.environ.get("USER")
                    or "aegis-flow", help="who quarantines (default: $AEGIS_JOB or $USER)")
     q.add_argument("--no-taint", dest="taint", action="store_false",
                    help="label only (aegis-flow pods avoid it; other pods may still land)")

@@ -9,11 +9,13 @@ import argparse
 import asyncio
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from aegis_flow import protocol as p
 from aegis_flow.argtypes import job_name, non_negative_int, port, positive_seconds
+from aegis_flow.settings import LOCAL, MASTER, WORKER
 
 SubParsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -26,20 +28,24 @@ def add_parsers(sub: Any) -> None:
         "failing rank is detected, diagnosed and every rank restarted in place, up to "
         "--max-retry times. Exits 0 when the job succeeded, 1 when it failed.")
     r.add_argument("--workers", type=non_negative_int, required=True, help="number of ranks")
-    r.add_argument("--max-retry", type=non_negative_int, default=3, help="max restarts (default 3)")
-    r.add_argument("--job", type=job_name, default="job", help="job name (default 'job')")
-    r.add_argument("--namespace", type=job_name, default="default")
+    r.add_argument("--max-retry", type=non_negative_int, default=MASTER.max_retry,
+                   help=f"max restarts (default {MASTER.max_retry})")
+    r.add_argument("--job", type=job_name, default=LOCAL.job,
+                   help=f"job name (default {LOCAL.job!r})")
+    r.add_argument("--namespace", type=job_name, default=MASTER.namespace)
     r.add_argument("--nats-url", help="use this NATS server instead of an embedded one")
-    r.add_argument("--state-dir", type=Path, default=Path(".aegis"),
-                   help="where the NATS store, work dir and pid file go (default .aegis)")
+    r.add_argument("--state-dir", type=Path, default=Path(LOCAL.state_dir),
+                   help="where the NATS store, work dir and pid file go "
+                   f"(default {LOCAL.state_dir})")
     r.add_argument("--inject", action="append", default=[], metavar="SPEC",
                    help="inject a real fault: crash:rank=1:after=5s (SIGKILL) or "
                    "exit:rank=0:code=3:after=8s; add :epoch=N|all; repeatable")
-    r.add_argument("--connect-timeout", type=float, default=60.0,
+    r.add_argument("--connect-timeout", type=float, default=MASTER.connect_timeout,
                    help="seconds for every worker to connect before all run without the "
-                   "master (default 60)")
-    r.add_argument("--lost-timeout", type=float, default=3.0,
-                   help="seconds without a heartbeat before a worker is lost (default 3)")
+                   f"master (default {MASTER.connect_timeout:g})")
+    r.add_argument("--lost-timeout", type=float, default=MASTER.lost_timeout,
+                   help="seconds without a heartbeat before a worker is lost "
+                   f"(default {MASTER.lost_timeout:g})")
     r.add_argument("--no-prewarm", dest="prewarm", action="store_false",
                    help="start every run cold instead of forking Python commands from a "
                    "pre-warmed interpreter (slower restarts)")
@@ -47,19 +53,22 @@ def add_parsers(sub: Any) -> None:
                    help="DEBUGGING ONLY: run the embedded NATS without authentication, so any "
                    "local process can read and forge the job's messages (default: operator "
                    "mode, per-worker credentials fetched over gRPC)")
-    r.add_argument("--jwt-lifetime", type=positive_seconds, default=3600.0,
-                   help="seconds a worker's NATS credentials live before renewal (default 3600)")
-    r.add_argument("--metrics-port", type=port, default=0,
+    r.add_argument("--jwt-lifetime", type=positive_seconds, default=MASTER.jwt_lifetime,
+                   help="seconds a worker's NATS credentials live before renewal "
+                   f"(default {MASTER.jwt_lifetime:g})")
+    r.add_argument("--metrics-port", type=port, default=LOCAL.metrics_port,
                    help="the master's /metrics, /healthz, /readyz port (default 0: a free "
                    "one, written to STATE_DIR/JOB/metrics.port)")
     r.add_argument("--quiet", action="store_true",
                    help="no live progress line (phase, step rates, restarts) on stderr")
     r.add_argument("--hang-after", type=positive_seconds, default=None, metavar="SECONDS",
                    help="a rank with no progress (aegis_flow.progress.step() or output) for "
-                   "this long is reported hung and kept running (T13; default 300)")
+                   f"this long is reported hung and kept running (T13; default "
+                   f"{WORKER.hang_after:g})")
     r.add_argument("--hang-quit-after", type=positive_seconds, default=None, metavar="SECONDS",
                    help="...and for this long: every rank is stopped, troubleshot and restarted "
-                   "(T14, counted; default 900)")
+                   f"(T14, counted; default {WORKER.hang_quit_after:g}; longer than "
+                   "--hang-after)")
     r.add_argument("--check-budget", action="append", default=[], metavar="CHECK=SECONDS",
                    help="override a check's budget in bootcheck/troubleshoot, e.g. io=5 "
                    "(repeatable; an overrun is a failure with status timeout)")
@@ -112,58 +121,64 @@ def _master(args: list[str]) -> int:
 
 def _run(a: argparse.Namespace) -> int:
     from aegis_flow.local.runner import RunConfig, run_job
-    from aegis_flow.supervisor.inject import Injection, InjectionError
+    from aegis_flow.settings import ConfigError, check_local, hang_thresholds, report
 
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not command:
-        print("aegis-flow run: no command given; put it after '--', e.g. "
-              "aegis-flow run --workers 2 -- python train.py", file=sys.stderr)
-        return 2
-    if a.workers < 1:
-        print("aegis-flow run: --workers must be at least 1", file=sys.stderr)
-        return 2
+        return _usage("no command given; put it after '--', e.g. "
+                      "aegis-flow run --workers 2 -- python train.py")
+    hang: tuple[float | None, float | None] = (a.hang_after, a.hang_quit_after)
     try:
-        for spec in a.inject:
-            inj = Injection.parse(spec)
-            if inj.rank >= a.workers:
-                raise InjectionError(f"{spec!r}: rank {inj.rank} does not exist "
-                                     f"(ranks 0..{a.workers - 1})")
-    except InjectionError as exc:
-        print(f"aegis-flow run: --inject {exc}", file=sys.stderr)
-        return 2
+        if hang != (None, None):  # one given: the supervisors get both, the other defaulted
+            hang = hang_thresholds(*hang)
+        cfg = RunConfig(command=tuple(command), workers=a.workers, max_retry=a.max_retry,
+                        job=a.job, namespace=a.namespace, nats_url=a.nats_url,
+                        state_dir=a.state_dir, injections=tuple(a.inject),
+                        connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout,
+                        metrics_port=a.metrics_port, progress=not a.quiet,
+                        prewarm=a.prewarm, secure=not a.insecure_nats,
+                        jwt_lifetime=a.jwt_lifetime, hang_after=hang[0], hang_quit_after=hang[1])
+        check_local(cfg)
+    except ConfigError as exc:
+        return report(exc)
+    problem = _check_injections(a.inject, a.workers)
     settings = _check_settings(a)
-    if isinstance(settings, str):
-        print(f"aegis-flow run: {settings}", file=sys.stderr)
-        return 2
-    node_env, env, (hang_after, hang_quit_after) = settings
-    cfg = RunConfig(command=tuple(command), workers=a.workers, max_retry=a.max_retry,
-                    job=a.job, namespace=a.namespace, nats_url=a.nats_url,
-                    state_dir=a.state_dir, injections=tuple(a.inject),
-                    connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout,
-                    metrics_port=a.metrics_port, progress=not a.quiet,
-                    prewarm=a.prewarm, secure=not a.insecure_nats, jwt_lifetime=a.jwt_lifetime,
-                    hang_after=hang_after, hang_quit_after=hang_quit_after,
-                    node_env=node_env, env=env)
-    return run_job(cfg)
+    if problem or isinstance(settings, str):
+        return _usage(problem or str(settings))
+    node_env, env = settings
+    return run_job(replace(cfg, node_env=node_env, env=env))
 
 
-Settings = tuple[tuple[tuple[str, str, str], ...], dict[str, str],
-                 tuple[float | None, float | None]]
+def _usage(message: str) -> int:
+    """The one-line error of a bad ``run`` command line; the exit code, 2."""
+    print(f"aegis-flow: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _check_injections(specs: list[str], workers: int) -> str:
+    """An error message for the first bad --inject ("" when every one is good)."""
+    from aegis_flow.supervisor.inject import Injection, InjectionError
+
+    try:
+        for spec in specs:
+            inj = Injection.parse(spec)
+            if inj.rank >= workers:
+                raise InjectionError(f"{spec!r}: rank {inj.rank} does not exist "
+                                     f"(ranks 0..{workers - 1})")
+    except InjectionError as exc:
+        return f"--inject {exc}"
+    return ""
+
+
+Settings = tuple[tuple[tuple[str, str, str], ...], dict[str, str]]
 
 
 def _check_settings(a: argparse.Namespace) -> Settings | str:
-    """Per-node environment, check budgets (as the workers' environment) and hang thresholds
-    (None: the supervisor's defaults), or an error message."""
+    """Per-node environment and check budgets (as the workers' environment), or an error
+    message."""
     from aegis_flow.local.nodes import NodeEnvError, parse_node_env
     from aegis_flow.steps.base import BUDGETS_ENV, parse_budget
 
-    hang, quit_after = a.hang_after, a.hang_quit_after
-    if hang is not None or quit_after is not None:
-        hang = hang if hang is not None else min(300.0, quit_after)
-        quit_after = quit_after if quit_after is not None else max(900.0, hang)
-        if quit_after < hang:
-            return (f"--hang-quit-after ({quit_after:g} s) must not be shorter than "
-                    f"--hang-after ({hang:g} s)")
     env: dict[str, str] = {}
     try:
         budgets = dict(parse_budget(b) for b in a.check_budget)
@@ -172,7 +187,7 @@ def _check_settings(a: argparse.Namespace) -> Settings | str:
         return f"--check-budget/--node-env: {exc}"
     if budgets:
         env[BUDGETS_ENV] = ",".join(f"{k}={v:g}" for k, v in budgets.items())
-    return node_env, env, (hang, quit_after)
+    return node_env, env
 
 
 def _url(a: argparse.Namespace) -> str | None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from aegis_flow.local.nodes import node_name
 from aegis_flow.local.progress import ProgressPrinter
 from aegis_flow.master.machine import ExitCode
+from aegis_flow.settings import LOCAL, MASTER, WORKER, check_local, master_timeout_for
 from aegis_flow.supervisor.child import _die_with_parent
 
 REPLACE_CODES = {int(ExitCode.NODE_FAULT), int(ExitCode.CONTAINER_RESTART)}
@@ -32,26 +33,26 @@ INDEPENDENT_CODES = {3, 4}
 class RunConfig:
     command: tuple[str, ...]
     workers: int
-    max_retry: int = 3
-    job: str = "job"
-    namespace: str = "default"
+    max_retry: int = MASTER.max_retry
+    job: str = LOCAL.job
+    namespace: str = MASTER.namespace
     nats_url: str | None = None  # None: embedded server
-    state_dir: Path = Path(".aegis")
+    state_dir: Path = Path(LOCAL.state_dir)
     injections: tuple[str, ...] = ()
-    connect_timeout: float = 60.0
-    lost_timeout: float = 3.0
-    heartbeat: float = 0.5
-    grace: float = 5.0
-    max_process_restarts: int = 20
+    connect_timeout: float = MASTER.connect_timeout
+    lost_timeout: float = MASTER.lost_timeout
+    heartbeat: float = WORKER.heartbeat_interval
+    grace: float = WORKER.grace
+    max_process_restarts: int = LOCAL.max_process_restarts
     prewarm: bool = True
     extra_master_args: tuple[str, ...] = ()
     extra_worker_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
-    metrics_port: int = 0  # the master's /metrics port (0 = a free one, in metrics.port)
+    metrics_port: int = LOCAL.metrics_port  # the master's /metrics port (0 = a free one)
     progress: bool = True  # a status line on stderr every few seconds
-    progress_every: float = 5.0
+    progress_every: float = LOCAL.progress_every
     secure: bool = True  # embedded NATS in operator mode, per-worker credentials (security/)
-    jwt_lifetime: float = 3600.0  # seconds a worker's NATS JWT lives before it is renewed
+    jwt_lifetime: float = MASTER.jwt_lifetime  # seconds a worker's NATS JWT lives (renewed)
     hang_after: float | None = None  # the supervisors' hang thresholds (None: their defaults)
     hang_quit_after: float | None = None
     # extra environment for the supervisor on one node (and so its checks and command):
@@ -165,7 +166,8 @@ class LocalJob:
                 *creds, "--job", c.job, "--namespace",
                 c.namespace, "--rank", str(rank), "--world-size", str(c.workers), "--nats-url",
                 self.url, "--node", node, "--heartbeat", str(c.heartbeat), "--grace",
-                str(c.grace), "--work-dir", str(self.state_dir / "work"), *injects,
+                str(c.grace), "--master-timeout", str(master_timeout_for(c.connect_timeout)),
+                "--work-dir", str(self.state_dir / "work"), *injects,
                 *([] if c.prewarm else ["--no-prewarm"]), *hang,
                 *c.extra_worker_args, "--", *c.command]
 
@@ -291,4 +293,7 @@ class LocalJob:
 
 
 def run_job(cfg: RunConfig) -> int:
+    """Run the job to its end; ``settings.ConfigError`` (before anything starts) on bad
+    settings."""
+    check_local(cfg)
     return LocalJob(cfg).run()

@@ -8,7 +8,11 @@ from aegis_flow.phases import step_of
 
 
 def render(raw: bytes) -> str:
-    status, doc = decode_doc(raw)
+    """The status table; for a damaged document, what can still be read of it and why."""
+    try:
+        status, doc = decode_doc(raw)
+    except ValueError as exc:
+        return render_damaged(raw, str(exc))
     lines = [
         f"phase        {status.phase.value} (step {step_of(status.phase)} of the phase graph, "
         "as on Argo)",
@@ -26,11 +30,44 @@ def render(raw: bytes) -> str:
     events = doc.get("events") or []
     if events:
         lines += ["", "last events:"] + [f"  {e}" for e in events[-10:]]
+    if status.failure:
+        lines += ["", f"why it failed: {status.failure}"]
+    if status.phase.value == "Failed" and status.failure:
+        culprit = next((r for r in range(len(status.workers))
+                        if status.failure.startswith(f"rank {r} ")), None)
+        tail = (doc.get("tails") or {}).get(str(culprit)) if culprit is not None else None
+        if tail:
+            lines += [f"last output of rank {culprit}:"] + [f"  {t}" for t in tail]
     lines += ["", summary(status)]
+    return "\n".join(lines)
+
+
+def render_damaged(raw: bytes, why: str) -> str:
+    """What can be shown of a document ``decode_doc`` refused (pure)."""
+    import json
+
+    lines = [f"the stored status is damaged: {why}",
+             "the master will not resume from it; start the job afresh (a new --job name or "
+             "state dir)"]
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return "\n".join([*lines, f"first bytes: {raw[:200]!r}"])
+    status = doc.get("status") if isinstance(doc, dict) else None
+    if isinstance(status, dict):
+        for key in ("phase", "seq", "recover_count", "max_retry", "failure"):
+            if key in status:
+                lines.append(f"{key:<13}{status[key]}")
+    events = doc.get("events") if isinstance(doc, dict) else None
+    if isinstance(events, list) and events:
+        lines += ["", "last events:"] + [f"  {e}" for e in events[-10:]]
     return "\n".join(lines)
 
 
 def summary_of(raw: bytes) -> str:
     """The user's summary line of a stored status document."""
-    status, _ = decode_doc(raw)
+    try:
+        status, _ = decode_doc(raw)
+    except ValueError as exc:
+        return f"the stored status is damaged: {exc}"
     return summary(status)

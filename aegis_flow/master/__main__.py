@@ -13,20 +13,22 @@ import sys
 from aegis_flow.argtypes import port, positive_seconds
 from aegis_flow.master.endpoints import DEFAULT_METRICS_PORT
 from aegis_flow.master.runtime import Master, MasterConfig
+from aegis_flow.settings import MASTER, ConfigError, check_master, report
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The master's command line; its defaults come from ``settings.MASTER``."""
     ap = argparse.ArgumentParser(prog="aegis-flow master", description=__doc__)
     ap.add_argument("--job", required=True)
-    ap.add_argument("--namespace", default="default")
+    ap.add_argument("--namespace", default=MASTER.namespace)
     ap.add_argument("--workers", type=int, required=True)
-    ap.add_argument("--max-retry", type=int, default=3)
-    ap.add_argument("--flap-limit", type=int, default=3)
+    ap.add_argument("--max-retry", type=int, default=MASTER.max_retry)
+    ap.add_argument("--flap-limit", type=int, default=MASTER.flap_limit)
     ap.add_argument("--nats-url", required=True)
-    ap.add_argument("--connect-timeout", type=float, default=60.0)
-    ap.add_argument("--lost-timeout", type=float, default=3.0)
-    ap.add_argument("--replace-timeout", type=float, default=120.0)
-    ap.add_argument("--linger", type=float, default=5.0)
+    ap.add_argument("--connect-timeout", type=float, default=MASTER.connect_timeout)
+    ap.add_argument("--lost-timeout", type=float, default=MASTER.lost_timeout)
+    ap.add_argument("--replace-timeout", type=float, default=MASTER.replace_timeout)
+    ap.add_argument("--linger", type=float, default=MASTER.linger)
     ap.add_argument("--status-file", default="", help="write the final status here too")
     ap.add_argument("--log-level", default="INFO")
     ap.add_argument("--metrics-port", type=port, default=DEFAULT_METRICS_PORT,
@@ -51,16 +53,20 @@ def main(argv: list[str] | None = None) -> int:
     sec.add_argument("--tls-key", default="", help="... and this key")
     sec.add_argument("--tls-client-ca", default="",
                      help="require client certificates signed by this CA (mutual TLS)")
-    sec.add_argument("--jwt-lifetime", type=positive_seconds, default=3600.0,
-                     help="seconds a worker's JWT lives (renewed at 2/3; default 3600)")
+    sec.add_argument("--jwt-lifetime", type=positive_seconds, default=MASTER.jwt_lifetime,
+                     help="seconds a worker's JWT lives (renewed at 2/3; default "
+                     f"{MASTER.jwt_lifetime:g})")
     sec.add_argument("--advertise-nats-url", action="append", default=[],
                      help="NATS URL workers should dial (default: --nats-url); repeatable")
     ap.add_argument("--quarantine-nodes", action="store_true",
                     help="on Kubernetes: label and taint the node of a hardware fault "
                     "(the kubernetes client; needs nodes get/patch: aegis-flow install)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
-    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
-                        format="[aegis-flow master] %(message)s")
     cfg = MasterConfig(job=a.job, namespace=a.namespace, workers=a.workers,
                        max_retry=a.max_retry, flap_limit=a.flap_limit, nats_url=a.nats_url,
                        connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout,
@@ -68,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
                        status_file=a.status_file, metrics_port=a.metrics_port,
                        metrics_addr=a.metrics_addr, port_file=a.port_file, log_dir=a.log_dir,
                        gpu_type=a.gpu_type)
+    try:
+        check_master(cfg)
+    except ConfigError as exc:
+        return report(exc)
+    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
+                        format="[aegis-flow master] %(message)s")
     security = None
     if a.auth_dir:
         from aegis_flow.master.creds import CredsService, SecurityConfig

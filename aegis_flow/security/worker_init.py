@@ -23,6 +23,7 @@ from typing import Any
 
 from aegis_flow.argtypes import non_negative_int, positive_seconds
 from aegis_flow.security import natsjwt as nj
+from aegis_flow.settings import MASTER, env_value
 from aegis_flow.supervisor import creds as cf
 
 RETRYABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
@@ -109,7 +110,7 @@ def fetch(cfg: InitConfig, *, sleep: Any = time.sleep) -> cf.Creds:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    env = os.environ.get
+    env = env_value
     ap = argparse.ArgumentParser(
         prog="aegis-flow worker-init",
         usage="aegis-flow worker-init --master ADDR --job J --worker RANK "
@@ -121,8 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--master", default=env("AEGIS_MASTER_ADDR", ""),
                     help="the master's gRPC address HOST:PORT (env AEGIS_MASTER_ADDR)")
     ap.add_argument("--job", default=env("AEGIS_JOB", ""), help="job name (env AEGIS_JOB)")
-    ap.add_argument("--namespace", default=env("AEGIS_NAMESPACE", "default"))
-    ap.add_argument("--worker", default=env("RANK", ""), help="this worker's rank (env RANK)")
+    ap.add_argument("--namespace", default=env("AEGIS_NAMESPACE", MASTER.namespace))
+    ap.add_argument("--worker", default=os.environ.get("RANK", ""),
+                    help="this worker's rank (env RANK)")
     tok = ap.add_mutually_exclusive_group()
     tok.add_argument("--token-file", help="file holding the job's bootstrap token")
     tok.add_argument("--token-env", help="environment variable holding the bootstrap token "

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aegis_flow.argtypes import non_negative_int
+from aegis_flow.settings import env_value
 from aegis_flow.steps.base import (
     CHECK_TYPES,
     CheckResult,
@@ -207,12 +208,12 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--out", default=None, metavar="FILE",
                    help="also write the JSON results to FILE (atomically)")
     c.add_argument("--json", action="store_true", help="print a JSON list of results")
-    c.add_argument("--dir", default=os.environ.get("AEGIS_WORK_DIR", "."),
+    c.add_argument("--dir", default=env_value("AEGIS_WORK_DIR", "."),
                    help="directory the io check writes in (default $AEGIS_WORK_DIR or .)")
     c.add_argument("--budget", action="append", type=_budget, default=[],
                    metavar="CHECK=SECONDS", help="override a check's budget (repeatable; also "
                    "$AEGIS_CHECK_BUDGETS='io=5,gpu=10')")
-    c.add_argument("--sysfs-root", default=os.environ.get(SYSFS_ROOT_ENV, "/sys"),
+    c.add_argument("--sysfs-root", default=env_value(SYSFS_ROOT_ENV, "/sys"),
                    help=f"sysfs root for rdma, e.g. where a container mounts the host's sysfs "
                    f"(default ${SYSFS_ROOT_ENV} or /sys)")
     c.add_argument("--expect-gpus", type=non_negative_int, default=None, metavar="N",

@@ -14,6 +14,7 @@ import sys
 
 from aegis_flow.argtypes import positive_seconds
 from aegis_flow.outcome import write_outcome
+from aegis_flow.settings import WORKER, ConfigError, check_worker, env_value, report
 from aegis_flow.supervisor.agent import Supervisor, WorkerConfig
 from aegis_flow.supervisor.inject import Injection, InjectionError
 
@@ -24,23 +25,27 @@ def build_parser(prog: str = "aegis-flow worker") -> argparse.ArgumentParser:
         description="Run CMD under the aegis-flow supervisor: report to the master over NATS, "
         "obey its orders (run, stop, restart in place, troubleshoot, quit), and fall back to "
         "running CMD as a plain process when the master cannot be reached.")
-    env = os.environ.get
+    env = env_value
     ap.add_argument("--job", default=env("AEGIS_JOB", ""), help="job name (env AEGIS_JOB)")
-    ap.add_argument("--namespace", default=env("AEGIS_NAMESPACE", "default"))
-    ap.add_argument("--rank", type=int, default=int(env("RANK", "-1")), help="rank (env RANK)")
-    ap.add_argument("--world-size", type=int, default=int(env("WORLD_SIZE", "0")),
+    ap.add_argument("--namespace", default=env("AEGIS_NAMESPACE", WORKER.namespace))
+    # RANK and WORLD_SIZE are torch's names: argparse's int() checks them (a string default)
+    ap.add_argument("--rank", type=int, default=os.environ.get("RANK", "-1"),
+                    help="rank (env RANK)")
+    ap.add_argument("--world-size", type=int, default=os.environ.get("WORLD_SIZE", "0"),
                     help="number of workers (env WORLD_SIZE)")
-    ap.add_argument("--nats-url", default=env("AEGIS_NATS_URL", "nats://127.0.0.1:4222"))
+    ap.add_argument("--nats-url", default=env("AEGIS_NATS_URL", WORKER.nats_url))
     ap.add_argument("--node", default=env("AEGIS_NODE", socket.gethostname()))
-    ap.add_argument("--pod-ip", default=env("POD_IP", "127.0.0.1"))
-    ap.add_argument("--connect-timeout", type=float, default=10.0,
+    ap.add_argument("--pod-ip", default=os.environ.get("POD_IP", WORKER.pod_ip))
+    ap.add_argument("--connect-timeout", type=float, default=WORKER.connect_timeout,
                     help="seconds to reach NATS before running CMD without fault tolerance")
-    ap.add_argument("--master-timeout", type=float, default=90.0,
-                    help="seconds to wait for the master's first order before falling back")
-    ap.add_argument("--heartbeat", type=float, default=0.5, help="heartbeat interval (s)")
-    ap.add_argument("--grace", type=float, default=5.0,
+    ap.add_argument("--master-timeout", type=float, default=WORKER.master_timeout,
+                    help="seconds to wait for the master's first order before falling back; "
+                    "more than the master's connect timeout")
+    ap.add_argument("--heartbeat", type=float, default=WORKER.heartbeat_interval,
+                    help="heartbeat interval (s)")
+    ap.add_argument("--grace", type=float, default=WORKER.grace,
                     help="seconds between SIGTERM and SIGKILL when stopping CMD")
-    ap.add_argument("--work-dir", default=env("AEGIS_WORK_DIR", "."),
+    ap.add_argument("--work-dir", default=env("AEGIS_WORK_DIR", WORKER.work_dir),
                     help="directory the io check writes to (the checkpoint directory)")
     ap.add_argument("--no-prewarm", dest="prewarm", action="store_false",
                     help="start every run of a Python command cold instead of forking it from "
@@ -55,12 +60,13 @@ def build_parser(prog: str = "aegis-flow worker") -> argparse.ArgumentParser:
     ap.add_argument("--nkey-seed", default=env("AEGIS_NATS_NKEY_SEED", ""),
                     help="NATS nkey seed file, for a server with nkey users "
                     "(env AEGIS_NATS_NKEY_SEED)")
-    ap.add_argument("--hang-after", type=positive_seconds, default=300.0, metavar="SECONDS",
-                    help="no progress (progress.step() or output) for this long: report a hang; "
-                    "the command keeps running (T13; default 300)")
-    ap.add_argument("--hang-quit-after", type=positive_seconds, default=900.0,
+    ap.add_argument("--hang-after", type=positive_seconds, default=WORKER.hang_after,
+                    metavar="SECONDS", help="no progress (progress.step() or output) for this "
+                    "long: report a hang; the command keeps running (T13; default "
+                    f"{WORKER.hang_after:g})")
+    ap.add_argument("--hang-quit-after", type=positive_seconds, default=WORKER.hang_quit_after,
                     metavar="SECONDS", help="no progress for this long: ask the master to "
-                    "restart the job (HangWithQuit, T14; default 900)")
+                    f"restart the job (HangWithQuit, T14; default {WORKER.hang_quit_after:g})")
     ap.add_argument("--inject", action="append", default=[], metavar="SPEC",
                     help="fault injection for tests: crash:rank=R:after=5s, "
                     "exit:rank=R:code=3:after=8s (epoch=N|all selects the run epoch)")
@@ -68,7 +74,17 @@ def build_parser(prog: str = "aegis-flow worker") -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str], prog: str = "aegis-flow worker") -> tuple[WorkerConfig, str]:
-    """The supervisor's config and the outcome directory ("" when none)."""
+    """The supervisor's config and the outcome directory ("" when none); checked.
+
+    A bad setting (here or in an ``AEGIS_*`` variable) exits 2 with one line on stderr.
+    """
+    try:
+        return _parse(argv, prog)
+    except ConfigError as exc:
+        raise SystemExit(report(exc)) from None
+
+
+def _parse(argv: list[str], prog: str) -> tuple[WorkerConfig, str]:
     ap = build_parser(prog)
     if "--" in argv:
         i = argv.index("--")
@@ -80,23 +96,20 @@ def parse(argv: list[str], prog: str = "aegis-flow worker") -> tuple[WorkerConfi
         ap.error("no command given: put it after '--', e.g. -- python train.py")
     if not a.job:
         ap.error("--job is required (or set AEGIS_JOB)")
-    if a.world_size < 1 or not 0 <= a.rank < a.world_size:
-        ap.error(f"--rank {a.rank} must be within 0..world-size-1 (world size {a.world_size})")
-    if a.hang_quit_after < a.hang_after:
-        ap.error(f"--hang-quit-after ({a.hang_quit_after:g} s) must not be shorter than "
-                 f"--hang-after ({a.hang_after:g} s)")
     try:
         injections = tuple(Injection.parse(s) for s in a.inject)
     except InjectionError as exc:
         ap.error(str(exc))
-    return WorkerConfig(command=tuple(command), job=a.job, namespace=a.namespace, rank=a.rank,
-                        world_size=a.world_size, nats_url=a.nats_url, node=a.node,
-                        pod_ip=a.pod_ip, connect_timeout=a.connect_timeout,
-                        master_timeout=a.master_timeout, heartbeat_interval=a.heartbeat,
-                        grace=a.grace, injections=injections, work_dir=a.work_dir,
-                        prewarm=a.prewarm, nkey_seed=a.nkey_seed,
-                        hang_after=a.hang_after, hang_quit_after=a.hang_quit_after,
-                        creds=a.creds), a.outcome_dir
+    cfg = WorkerConfig(command=tuple(command), job=a.job, namespace=a.namespace, rank=a.rank,
+                       world_size=a.world_size, nats_url=a.nats_url, node=a.node,
+                       pod_ip=a.pod_ip, connect_timeout=a.connect_timeout,
+                       master_timeout=a.master_timeout, heartbeat_interval=a.heartbeat,
+                       grace=a.grace, injections=injections, work_dir=a.work_dir,
+                       prewarm=a.prewarm, nkey_seed=a.nkey_seed,
+                       hang_after=a.hang_after, hang_quit_after=a.hang_quit_after,
+                       creds=a.creds)
+    check_worker(cfg)
+    return cfg, a.outcome_dir
 
 
 def main(argv: list[str] | None = None, prog: str = "aegis-flow worker") -> int:

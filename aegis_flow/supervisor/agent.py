@@ -26,14 +26,24 @@ from typing import Any
 
 from aegis_flow import protocol as p
 from aegis_flow.outcome import quit_exit_code
-from aegis_flow.steps.classify import UNKNOWN_CAUSE, Cause, CauseTable, classify, load_table
+from aegis_flow.settings import WORKER
+from aegis_flow.steps.classify import (
+    UNKNOWN_CAUSE,
+    Cause,
+    CauseTable,
+    classify,
+    exception_of,
+    load_table,
+)
 from aegis_flow.steps.hang import HangWatchdog, ProgressSocket, collect_stacks
 from aegis_flow.supervisor import child as childmod
 from aegis_flow.supervisor.checks import bootcheck_or_troubleshoot
+from aegis_flow.supervisor.child import process_state
 from aegis_flow.supervisor.inject import Injection
 from aegis_flow.supervisor.prewarm import Zygote, start_zygote
 from aegis_flow.supervisor.stats import BeatClock, StepRate, gpu_type
 from aegis_flow.supervisor.waiting import wait_or_cancel
+from aegis_flow.vocab import PHASE_OF_ORDER, Order, Phase
 
 # a replacement for the real checks (tests): (order, config) -> (ok, fault class, detail)
 CheckFn = Callable[[str, "WorkerConfig"], Awaitable[tuple[bool, str | None, str]]]
@@ -45,19 +55,19 @@ class WorkerConfig:
     job: str
     rank: int
     world_size: int
-    namespace: str = "default"
-    nats_url: str = "nats://127.0.0.1:4222"
+    namespace: str = WORKER.namespace
+    nats_url: str = WORKER.nats_url
     node: str = field(default_factory=socket.gethostname)
-    pod_ip: str = "127.0.0.1"
-    connect_timeout: float = 10.0
-    master_timeout: float = 60.0
-    heartbeat_interval: float = 0.5
-    grace: float = 5.0
+    pod_ip: str = WORKER.pod_ip
+    connect_timeout: float = WORKER.connect_timeout  # to reach NATS
+    master_timeout: float = WORKER.master_timeout  # > the master's connect timeout (settings)
+    heartbeat_interval: float = WORKER.heartbeat_interval
+    grace: float = WORKER.grace
     injections: tuple[Injection, ...] = ()
-    work_dir: str = "."
+    work_dir: str = WORKER.work_dir
     prewarm: bool = True  # fork Python commands from a pre-warmed interpreter (prewarm.py)
-    hang_after: float = 300.0  # no progress for this long: Hang (marked, T13)
-    hang_quit_after: float = 900.0  # ...and for this long: HangWithQuit (T14)
+    hang_after: float = WORKER.hang_after  # no progress for this long: Hang (marked, T13)
+    hang_quit_after: float = WORKER.hang_quit_after  # ...and for this long: HangWithQuit (T14)
     causes_file: str | None = None  # extra log-classifier rules
     nkey_seed: str = ""  # NATS nkey seed file; needs nkeys (PyNaCl)
     creds: str = ""  # NATS credentials from worker-init (supervisor/creds.py); renewed
@@ -152,7 +162,7 @@ class Supervisor:
         self.checks = checks
         self.drop = drop or _lossy_from_env(cfg.rank)  # test hook: a lossy transport
         self.seq = -1
-        self.phase = "Pending"
+        self.phase = Phase.PENDING
         self.last_report: p.Message | None = None
         self.child: childmod.Child | None = None
         self.activity: asyncio.Task[None] | None = None
@@ -174,7 +184,7 @@ class Supervisor:
         return p.Message(job=self.cfg.job, namespace=self.cfg.namespace,
                          pod_name=f"{self.cfg.job}-worker-{self.cfg.rank}", type=mtype,
                          rank=self.cfg.rank, seq=max(seq, 0), incarnation=self.cfg.incarnation,
-                         phase=self.phase, data=data, timestamp=time.time())
+                         phase=self.phase.value, data=data, timestamp=time.time())
 
     async def _publish(self, msg: p.Message) -> None:
         if self.drop is not None and self.drop(msg):
@@ -222,9 +232,14 @@ class Supervisor:
         if msg.rank not in (-1, self.cfg.rank):
             return
         self.last_order_at = time.monotonic()
-        order = str(msg.data.get("order", ""))
+        try:
+            order = Order(msg.data.get("order", ""))
+        except ValueError:
+            _warn(f"ignored unknown order {msg.data.get('order')!r}")
+            return
         # an exit is sent to one worker with the seq of the hold broadcast that came with it
-        personal_exit = order == "exit" and msg.rank == self.cfg.rank and msg.seq == self.seq
+        personal_exit = (order is Order.EXIT and msg.rank == self.cfg.rank
+                         and msg.seq == self.seq)
         if msg.seq <= self.seq and not personal_exit:
             return  # duplicate or stale order
         if self.exit_code is not None and self.exit_code.done():
@@ -233,8 +248,8 @@ class Supervisor:
         self.last_report = None
         epoch = int(msg.data.get("restart_count", 0))
         for i, inj in enumerate(self.cfg.injections):
-            if inj.fires("die", self.cfg.rank, epoch, order, self.cfg.work_dir, i):
-                _warn(f"injected fault: this supervisor dies on order {order!r}")
+            if inj.fires("die", self.cfg.rank, epoch, order.value, self.cfg.work_dir, i):
+                _warn(f"injected fault: this supervisor dies on order {order.value!r}")
                 os.kill(os.getpid(), signal.SIGKILL)
         if self.activity is not None and not self.activity.done():
             self.activity.cancel()
@@ -246,12 +261,12 @@ class Supervisor:
         if self.child is not None and self.child.running:
             await self.child.stop(self.cfg.grace)
 
-    async def _obey(self, order: str, msg: p.Message) -> None:
-        if order in ("bootcheck", "troubleshoot"):
-            self.phase = "BootChecking" if order == "bootcheck" else "Troubleshooting"
+    async def _obey(self, order: Order, msg: p.Message) -> None:
+        if order in (Order.BOOTCHECK, Order.TROUBLESHOOT):
+            self.phase = PHASE_OF_ORDER[order]
             await self._stop_child()
             if self.checks is not None:
-                ok, fault, detail = await self.checks(order, self.cfg)
+                ok, fault, detail = await self.checks(order.value, self.cfg)
                 extra: dict[str, Any] = {}
             else:
                 ok, fault, detail, extra = await bootcheck_or_troubleshoot(
@@ -260,30 +275,29 @@ class Supervisor:
                     starters=self._check_starters())
             epoch = int(msg.data.get("restart_count", 0))
             for i, inj in enumerate(self.cfg.injections):
-                if inj.fires("checkfail", self.cfg.rank, epoch, order, self.cfg.work_dir, i):
+                if inj.fires("checkfail", self.cfg.rank, epoch, order.value, self.cfg.work_dir,
+                             i):
                     ok, fault, detail = False, inj.fault, f"injected {inj.fault} fault"
             await self.report(p.MsgType.FINISH, {"ok": ok, "fault": fault, "detail": detail,
                                                  **extra}, seq=msg.seq)
-        elif order == "run":
-            self.phase = "RunCommand"
+        elif order is Order.RUN:
+            self.phase = Phase.RUNCOMMAND
             await self._stop_child()
             await self._run_child(msg)
-        elif order == "hold":
-            self.phase = "Restarting"
+        elif order is Order.HOLD:
+            self.phase = Phase.RESTARTING
             await self._stop_child()
-        elif order in ("quit", "exit", "run-independent"):
+        else:  # quit, exit, run-independent
             await self._stop_child()
-            if order == "run-independent":
+            if order is Order.RUN_INDEPENDENT:
                 self._finish(-1)
                 return
-            if order == "exit":
+            if order is Order.EXIT:
                 code = int(msg.data.get("exit_code", 71))
             else:
                 code = quit_exit_code(str(msg.data.get("outcome")))
-            self.phase = "Succeed" if code == 0 else "Failed"
+            self.phase = Phase.SUCCEED if code == 0 else Phase.FAILED
             self._finish(code)
-        else:
-            _warn(f"ignored unknown order {order!r}")
 
     def _finish(self, code: int) -> None:
         if self.exit_code is not None and not self.exit_code.done():
@@ -339,12 +353,31 @@ class Supervisor:
             await self.report(p.MsgType.FINISH, {"ok": True, "detail": "command exited 0"},
                               seq=msg.seq)
         else:
-            cause = self._classify(status.tail)
-            text = status.cause if not cause.known else f"{status.cause} ({cause.code})"
-            await self.report(p.MsgType.ERROR, {
-                "cause": text, "code": status.code, "signal": status.signal,
-                "cause_code": cause.code, "cause_class": cause.klass,
-                "tail": list(status.tail)[-10:], "ended_at": ended_at}, seq=msg.seq)
+            await self.report(p.MsgType.ERROR, self._error_report(status, ended_at),
+                              seq=msg.seq)
+
+    def _error_report(self, status: childmod.ExitStatus, ended_at: float) -> dict[str, Any]:
+        """What the master needs to judge a failed run: the cause the log shows, and — for a
+        Python exception — its signature (exception, frame and step: the same signature twice
+        in a row on one rank is a deterministic error)."""
+        cause = self._classify(status.tail)
+        text = status.cause if not cause.known else f"{status.cause} ({cause.code})"
+        data: dict[str, Any] = {
+            "cause": text, "code": status.code, "signal": status.signal,
+            "cause_code": cause.code, "cause_class": cause.klass,
+            "tail": list(status.tail)[-10:], "ended_at": ended_at}
+        exc = exception_of(status.tail) if status.signal is None else None
+        if exc is not None:
+            if self.progress is not None:  # the steps reported just before it died
+                for step in self.progress.drain():
+                    self.steps.observe(time.time(), step)
+            last = self.steps.last
+            exception, where = exc
+            data["exception"] = exception
+            data["cause"] = f"{text}: {exception}"[:200]
+            data["signature"] = (f"{exception} at step {last if last is not None else '?'}"
+                                 + (f" ({where})" if where else ""))
+        return data
 
     def _classify(self, lines: tuple[str, ...]) -> Cause:
         try:
@@ -375,15 +408,17 @@ class Supervisor:
                     reported = None
                 continue
             reported = level
+            waiting = process_state(child.pid) == "S"  # asleep: blocked, e.g. on a peer
             if level == "hang":
                 _warn(f"no progress for {dog.idle(now):.0f} s: reporting a hang (kept running)")
-                await self._publish(self._msg(p.MsgType.HANG, seq, {"idle": dog.idle(now)}))
+                await self._publish(self._msg(p.MsgType.HANG, seq, {"idle": dog.idle(now),
+                                                                   "waiting": waiting}))
             else:
                 stacks = await asyncio.get_running_loop().run_in_executor(
                     None, collect_stacks, child.pid)
                 _warn(f"no progress for {dog.idle(now):.0f} s: asking to restart")
                 await self._publish(self._msg(p.MsgType.HANG_WITH_QUIT, seq, {
-                    "idle": dog.idle(now), "stacks": stacks[-4000:]}))
+                    "idle": dog.idle(now), "stacks": stacks[-4000:], "waiting": waiting}))
 
     def _check_starters(self) -> list[Any]:
         """Fork the checks from the pre-warmed interpreter if any, else start them cold."""
@@ -494,7 +529,7 @@ class Supervisor:
         banner = "!" * 78
         _warn(f"{banner}\nFAULT TOLERANCE IS OFF: {why}.\nRunning the command as a plain "
               f"process; its exit code will be this worker's.\n{banner}")
-        self.phase = "Independent"
+        self.phase = Phase.INDEPENDENT
         try:
             self.child = await childmod.start(self.cfg.command, self.child_env(None),
                                               prefix=f"[rank {self.cfg.rank}] ")

@@ -12,6 +12,8 @@ from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
+from aegis_flow.settings import env_value
+
 GPU_TYPE_ENV = "AEGIS_GPU_TYPE"
 
 
@@ -53,7 +55,7 @@ class StepRate:
 def gpu_type(environ: Mapping[str, str] = os.environ,
              root: str = "/proc/driver/nvidia/gpus") -> str:
     """``$AEGIS_GPU_TYPE``, else the NVIDIA driver's model name of the first GPU, else "cpu"."""
-    override = environ.get(GPU_TYPE_ENV, "").strip()
+    override = env_value(GPU_TYPE_ENV, "", environ=environ).strip()
     if override:
         return override[:60]
     try:
