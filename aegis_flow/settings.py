@@ -64,6 +64,13 @@ class MasterDefaults:
         "--linger", "seconds the master keeps re-sending its final order to laggards"))
     jwt_lifetime: float = field(default=3600.0, metadata=_doc(
         "--jwt-lifetime", "seconds a worker's NATS credentials live (renewed at 2/3)"))
+    give_up_on_repeat: bool = field(default=True, metadata=_doc(
+        "--give-up-on-repeat", "the same exception at the same step twice in a row on one rank "
+        "ends the job (a deterministic error, T16) instead of using up the retries"))
+    l2_after: int = field(default=2, metadata=_doc(
+        "--l2-after", "a rank with this many failures on its node restarts its container (L2)"))
+    l3_after: int = field(default=3, metadata=_doc(
+        "--l3-after", "a rank with this many failures on its node moves to another node (L3)"))
 
 
 MASTER = MasterDefaults()
@@ -233,6 +240,10 @@ def check_master(cfg: MasterSettings, *, heartbeat: float = WORKER.heartbeat_int
     _seconds("the replace timeout", cfg.replace_timeout, "--replace-timeout")
     _seconds("linger", cfg.linger, "--linger", zero_ok=True)
     _heartbeat_vs_lost(heartbeat, cfg.lost_timeout)
+    l2, l3 = getattr(cfg, "l2_after", MASTER.l2_after), getattr(cfg, "l3_after", MASTER.l3_after)
+    if not 1 <= l2 <= l3:
+        raise ConfigError(f"escalation thresholds must satisfy 1 <= l2-after <= l3-after, got "
+                          f"--l2-after {l2} and --l3-after {l3}")
 
 
 def check_worker(cfg: WorkerSettings, *, master_connect_timeout: float = MASTER.connect_timeout,

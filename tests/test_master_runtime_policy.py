@@ -9,13 +9,12 @@ import json
 import time
 
 import pytest
+from fakes import FakeNats, FlakyStore
 
 from aegis_flow import protocol as p
 from aegis_flow.master import machine as m
 from aegis_flow.master.runtime import Master, MasterConfig, StoreDamaged, summary
 from aegis_flow.master.store import MemoryStore
-
-from fakes import FakeNats, FlakyStore
 
 
 def msg(rank: int, t: p.MsgType, seq: int, inc: str = "", **data: object) -> bytes:

@@ -16,6 +16,7 @@ from aegis_flow.master.machine import (
     Error,
     ExitCode,
     FaultClass,
+    Finish,
     Hang,
     HangWithQuit,
     Lost,
@@ -272,3 +273,14 @@ def test_explain_states_the_rules() -> None:
     text = policy.explain()
     for rule in ("B1", "B2", "B3", "B4", "V1", "V2", "V3", "R1"):
         assert rule in text
+
+
+def test_a_lone_rank_is_its_own_evidence() -> None:
+    """A symptom needs a live peer: a one-rank job, or the last rank running, is charged."""
+    status = running(1, 3)
+    status, effects = step(status, HangWithQuit(0, status.seq, waiting=True))
+    assert transitions(effects) == ["T14"] and status.retries == (1,)
+    status = running(2, 3)
+    status, _ = step(status, Finish(1, status.seq, ok=True))  # rank 1 is done
+    status, effects = step(status, Error(0, status.seq, "reset", **RESET))
+    assert transitions(effects) == ["T5"] and status.retries == (1, 0)

@@ -30,6 +30,11 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--workers", type=non_negative_int, required=True, help="number of ranks")
     r.add_argument("--max-retry", type=non_negative_int, default=MASTER.max_retry,
                    help=f"max restarts (default {MASTER.max_retry})")
+    r.add_argument("--give-up-on-repeat", action=argparse.BooleanOptionalAction,
+                   default=MASTER.give_up_on_repeat,
+                   help="end the job when a rank fails twice in a row with the same exception "
+                   "at the same step (a bug retrying cannot fix) instead of using up the "
+                   f"retries (default {'on' if MASTER.give_up_on_repeat else 'off'})")
     r.add_argument("--job", type=job_name, default=LOCAL.job,
                    help=f"job name (default {LOCAL.job!r})")
     r.add_argument("--namespace", type=job_name, default=MASTER.namespace)
@@ -137,7 +142,8 @@ def _run(a: argparse.Namespace) -> int:
                         connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout,
                         metrics_port=a.metrics_port, progress=not a.quiet,
                         prewarm=a.prewarm, secure=not a.insecure_nats,
-                        jwt_lifetime=a.jwt_lifetime, hang_after=hang[0], hang_quit_after=hang[1])
+                        jwt_lifetime=a.jwt_lifetime, hang_after=hang[0], hang_quit_after=hang[1],
+                        give_up_on_repeat=a.give_up_on_repeat)
         check_local(cfg)
     except ConfigError as exc:
         return report(exc)

@@ -25,7 +25,8 @@ from aegis_flow.settings import LOCAL, MASTER, WORKER, check_local, master_timeo
 from aegis_flow.supervisor.child import _die_with_parent
 
 REPLACE_CODES = {int(ExitCode.NODE_FAULT), int(ExitCode.CONTAINER_RESTART)}
-MASTER_DONE_CODES = {0, 1, 2, 3, 4}  # succeed, failed, conflict, independent, no NATS
+# succeed, failed, conflict, independent, no NATS, a damaged stored status
+MASTER_DONE_CODES = {0, 1, 2, 3, 4, 5}
 INDEPENDENT_CODES = {3, 4}
 
 
@@ -34,6 +35,7 @@ class RunConfig:
     command: tuple[str, ...]
     workers: int
     max_retry: int = MASTER.max_retry
+    give_up_on_repeat: bool = MASTER.give_up_on_repeat
     job: str = LOCAL.job
     namespace: str = MASTER.namespace
     nats_url: str | None = None  # None: embedded server
@@ -126,6 +128,7 @@ class LocalJob:
                 "--metrics-port", str(c.metrics_port), "--metrics-addr", "127.0.0.1",
                 "--port-file", str((self.state_dir / "metrics.port").absolute()),
                 "--log-dir", str((self.state_dir / "logs").absolute()),
+                "--give-up-on-repeat" if c.give_up_on_repeat else "--no-give-up-on-repeat",
                 *self._master_auth_args(), *c.extra_master_args]
 
     def _master_auth_args(self) -> list[str]:
@@ -277,9 +280,12 @@ class LocalJob:
     def _outcome(self, master_code: int) -> int:
         status_file = self.state_dir / "status.json"
         if status_file.exists():  # the user's summary, last thing before the verdict
-            from aegis_flow.local.status import summary_of
+            from aegis_flow.local.status import failure_tail, summary_of
 
-            _say(summary_of(status_file.read_bytes()))
+            raw = status_file.read_bytes()
+            _say(summary_of(raw))
+            for line in failure_tail(raw):  # what the failed rank printed last
+                _say(f"  {line}")
         if master_code in INDEPENDENT_CODES:  # the workers' exit codes decide
             bad = [c for _, c in sorted(self.worker_codes.items()) if c != 0]
             code = bad[0] if bad else 0

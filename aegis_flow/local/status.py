@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from aegis_flow.master.runtime import summary
+from aegis_flow.master.model import Phase
 from aegis_flow.master.store import decode_doc
 from aegis_flow.phases import step_of
 
@@ -32,14 +33,26 @@ def render(raw: bytes) -> str:
         lines += ["", "last events:"] + [f"  {e}" for e in events[-10:]]
     if status.failure:
         lines += ["", f"why it failed: {status.failure}"]
-    if status.phase.value == "Failed" and status.failure:
-        culprit = next((r for r in range(len(status.workers))
-                        if status.failure.startswith(f"rank {r} ")), None)
-        tail = (doc.get("tails") or {}).get(str(culprit)) if culprit is not None else None
-        if tail:
-            lines += [f"last output of rank {culprit}:"] + [f"  {t}" for t in tail]
+    tail = failure_tail(raw)
+    if tail:
+        lines += tail[:1] + [f"  {t}" for t in tail[1:]]
     lines += ["", summary(status)]
     return "\n".join(lines)
+
+
+def failure_tail(raw: bytes) -> list[str]:
+    """For a failed job: "last output of rank R:" and the last lines the rank that failed it
+    printed (from the master's stored document); [] otherwise."""
+    try:
+        status, doc = decode_doc(raw)
+    except ValueError:
+        return []
+    if status.phase is not Phase.FAILED or not status.failure:
+        return []
+    culprit = next((r for r in range(len(status.workers))
+                    if status.failure.startswith(f"rank {r} ")), None)
+    tail = (doc.get("tails") or {}).get(str(culprit)) if culprit is not None else None
+    return [f"last output of rank {culprit}:", *map(str, tail)] if tail else []
 
 
 def render_damaged(raw: bytes, why: str) -> str:

@@ -16,6 +16,15 @@ from aegis_flow.master.runtime import Master, MasterConfig
 from aegis_flow.settings import MASTER, ConfigError, check_master, report
 
 
+def _help(name: str) -> str:
+    """A master setting's help text with its default (settings.MASTER)."""
+    import dataclasses
+
+    fld = next(f for f in dataclasses.fields(MASTER) if f.name == name)
+    default = getattr(MASTER, name)
+    return f"{fld.metadata.get('meaning', '')} (default {default})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The master's command line; its defaults come from ``settings.MASTER``."""
     ap = argparse.ArgumentParser(prog="aegis-flow master", description=__doc__)
@@ -24,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--workers", type=int, required=True)
     ap.add_argument("--max-retry", type=int, default=MASTER.max_retry)
     ap.add_argument("--flap-limit", type=int, default=MASTER.flap_limit)
+    ap.add_argument("--give-up-on-repeat", action=argparse.BooleanOptionalAction,
+                    default=MASTER.give_up_on_repeat, help=_help("give_up_on_repeat"))
+    ap.add_argument("--l2-after", type=int, default=MASTER.l2_after, help=_help("l2_after"))
+    ap.add_argument("--l3-after", type=int, default=MASTER.l3_after, help=_help("l3_after"))
     ap.add_argument("--nats-url", required=True)
     ap.add_argument("--connect-timeout", type=float, default=MASTER.connect_timeout)
     ap.add_argument("--lost-timeout", type=float, default=MASTER.lost_timeout)
@@ -69,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     cfg = MasterConfig(job=a.job, namespace=a.namespace, workers=a.workers,
                        max_retry=a.max_retry, flap_limit=a.flap_limit, nats_url=a.nats_url,
+                       give_up_on_repeat=a.give_up_on_repeat, l2_after=a.l2_after,
+                       l3_after=a.l3_after,
                        connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout,
                        replace_timeout=a.replace_timeout, linger=a.linger,
                        status_file=a.status_file, metrics_port=a.metrics_port,

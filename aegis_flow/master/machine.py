@@ -513,12 +513,17 @@ def _on_error(status: Status, ev: Error) -> Result:
         return _ignore(status, Ignored.LATE, f"Error(rank {ev.rank}) in {status.phase.value}")
     if pod.finished:
         return _ignore(status, Ignored.LATE, f"Error(rank {ev.rank}) after it finished")
-    if policy.is_symptom(ev.code):  # B1: charge nobody yet
+    if policy.is_symptom(ev.code) and _has_live_peer(status, ev.rank):  # B1: nobody yet
         status = _set(status, evolve(pod, cause=ev.code, cause_class=ev.klass,
                                      last_reason=ev.cause))
         return _suspect(status, ev.rank, ev.cause, "T5s")
     status = _set(status, pod)
     return _counted_failure(status, ev.rank, _charge_of(ev), "T5", Phase.TROUBLESHOOTING)
+
+
+def _has_live_peer(status: Status, rank: int) -> bool:
+    """A symptom needs a peer that could have caused it: another rank still running."""
+    return any(p.rank != rank and not p.finished for p in status.workers)
 
 
 def _suspect(status: Status, rank: int, cause: str, row: str) -> Result:
@@ -555,7 +560,7 @@ def _on_hang(status: Status, ev: Hang | HangWithQuit) -> Result:
     if status.phase is not Phase.RUNCOMMAND or pod.finished:
         return _ignore(status, Ignored.LATE, f"{_name(ev)} in {status.phase.value}")
     if isinstance(ev, HangWithQuit):  # T14
-        if not ev.waiting:  # B4: this process itself stopped making progress
+        if not ev.waiting or not _has_live_peer(status, ev.rank):  # B4: it is the one
             return _counted_failure(status, ev.rank, Charge("hang", policy.HANG_CAUSE), "T14",
                                     Phase.TROUBLESHOOTING)
         busy = [p.rank for p in status.workers if p.hanging and not p.waiting

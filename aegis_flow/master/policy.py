@@ -12,7 +12,8 @@ Blame by evidence, not by arrival order.
   B1 A failure report whose cause is a peer symptom (``vocab.PEER_SYMPTOM_CAUSES``: connection
      reset, NCCL/socket timeout or error) or a hang report of a process that sleeps (waiting,
      e.g. in a collective) charges nobody: every rank is stopped, the troubleshoot runs with the
-     collective checks, and the reporter becomes the *suspect*.
+     collective checks, and the reporter becomes the *suspect*. (Only while another rank is
+     still running: with no live peer the report is the rank's own failure, B4.)
   B2 While a suspect is pending, the first evidence names the failed rank and is charged: a
      failure report of the last run (same seq) that is not a symptom, a hang report of a process
      that does not sleep, a rank lost or replaced, or a rank whose checks fail.

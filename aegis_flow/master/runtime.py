@@ -47,9 +47,9 @@ class MasterConfig:
     tick: float = 0.05
     rendezvous_addr: str = "127.0.0.1"
     rendezvous_port_base: int = 0  # first port of the job's rendezvous window (0 = pick one)
-    give_up_on_repeat: bool = True  # the same error at the same step twice in a row: T16
-    l2_after: int = 2  # escalation: container restart from this many failures of a rank
-    l3_after: int = 3  # escalation: node quarantine from this many failures of a rank
+    give_up_on_repeat: bool = MASTER.give_up_on_repeat  # the same error twice in a row: T16
+    l2_after: int = MASTER.l2_after  # escalation: container restart from this many failures
+    l3_after: int = MASTER.l3_after  # escalation: node quarantine from this many failures
     save_retries: int = 5  # a failed status save is retried this often before degrading
     status_file: str = ""  # also write the final status document here (local mode)
     slow_fraction: float = 0.5  # a rank below this share of its peers' median is slow
