@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test verify lint typecheck tlc bench clean proto
+.PHONY: demo test test-fast verify lint typecheck tlc bench clean proto
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,11 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 	$(BIN)/ruff check aegis_flow tests bench examples workflows
 	$(BIN)/mypy
+
+# the inner loop: unit, property and model tests, no end-to-end job processes (make test runs all)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not e2e"
+	$(BIN)/ruff check aegis_flow tests bench examples workflows
 
 verify: $(STAMP)
 	$(BIN)/aegis-flow verify --workers 3 --max-retry 2 --message-layer

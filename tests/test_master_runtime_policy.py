@@ -134,3 +134,17 @@ def test_status_names_why_a_job_failed_and_the_last_output() -> None:
     text = render(encode_doc(st, tails={"1": ["Traceback ...", "KeyError: 'x'"]}))
     assert "why it failed: rank 1 failed twice" in text
     assert "last output of rank 1:" in text and "  KeyError: 'x'" in text
+
+
+def test_the_stored_stats_follow_without_a_transition() -> None:
+    """code-review: `stats.invalid` in the stored status lagged until the next transition."""
+    async def go() -> None:
+        store = MemoryStore()
+        mm = master(store)
+        await to_running(mm)
+        await mm.on_message(b"not json at all")
+        assert mm.stats["invalid"] == 1
+        mm._stats_at = 0.0
+        await mm.tick()
+        assert store.raw is not None and json.loads(store.raw)["stats"]["invalid"] == 1
+    asyncio.run(go())
