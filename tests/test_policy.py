@@ -284,3 +284,18 @@ def test_a_lone_rank_is_its_own_evidence() -> None:
     status, _ = step(status, Finish(1, status.seq, ok=True))  # rank 1 is done
     status, effects = step(status, Error(0, status.seq, "reset", **RESET))
     assert transitions(effects) == ["T5"] and status.retries == (1, 0)
+
+
+def test_a_rank_whose_new_pod_is_its_evidence_is_not_escalated_for_it() -> None:
+    """5c: a supervisor killed twice. Its new pod already is a new container: the failure it
+    was charged with is answered, so the checks passing mean run, not another replacement."""
+    status = running(2, 3)
+    for generation in (1, 2):
+        status, _ = step(status, Error(0, status.seq, "reset", **RESET))
+        status, effects = step(status, Ack(1, inc(1, generation), seq=0))
+        assert "B2" in transitions(effects)
+        status = come_back(status, 1, generation)  # its next heartbeat: back (T8)
+        assert status.phase is Phase.TROUBLESHOOTING
+        status, effects = finish_all(status)
+        assert status.phase is Phase.RUNCOMMAND, transitions(effects)
+    assert status.worker(1).failures == 2 and status.worker(0).failures == 0

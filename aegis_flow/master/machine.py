@@ -9,6 +9,12 @@ The contract is the transition table T1–T15 of DESIGN.md §2; each branch belo
 Counting rule: a counted failure does ``retries[w] += 1``; T11 is checked first (retries[w] >
 maxRetry → Failed with recoverCount = maxRetry+1); otherwise recoverCount = max(retries).
 
+The recovery policy (``policy.py``, docs/recovery.md) adds rows: T5s/T14s (a peer symptom stops
+every rank but charges nobody yet), B2 (evidence charges the failed rank), B3 (a passing round
+charges the first reporter of a symptom), T16 (the same exception at the same step twice in a
+row on one rank fails the job, not counted); a troubleshoot Finish is judged with the rank's
+failure history (``policy.verdict``), and a returning new container has its failure answered.
+
 Message layer: every broadcast bumps ``seq``. A worker message carries the seq it answers.
 Finish/Error are *duplicates* when that (worker, seq, type) was already processed and *stale*
 when their seq is older than the current one; both are ignored with a Log effect. Acks double as
@@ -153,6 +159,7 @@ class Charge:
     code: str = ""  # the classifier's code ("" unknown)
     klass: CauseClass | None = None
     signature: str = ""
+    answered: bool = False  # a new pod already replaced it: no open failure is left (V3)
 
 
 def _charge(status: Status, rank: int, charge: Charge, row: str) -> Result | Status:
@@ -170,8 +177,10 @@ def _charge(status: Status, rank: int, charge: Charge, row: str) -> Result | Sta
         suspect = status.workers[status.blame]
         status = _set(status, evolve(suspect, cause="", cause_class=None))
         pod = status.workers[rank]
-    status = _set(status, evolve(pod, failures=pod.failures + 1, cause=charge.code or
-                                 charge.cause, cause_class=charge.klass,
+    opened = not charge.answered or charge.klass is CauseClass.HARDWARE
+    status = _set(status, evolve(pod, failures=pod.failures + 1,
+                                 cause=(charge.code or charge.cause) if opened else "",
+                                 cause_class=charge.klass if opened else None,
                                  signature=charge.signature))
     status = evolve(status, culprit=rank, blame=-1)
     return _count(status, rank, charge.cause, row)
@@ -195,7 +204,8 @@ def _fail(status: Status, outcome: Outcome, message: str, *, row: str,
 
 
 def _replace_worker(
-    status: Status, rank: int, cause: str, row: str, *, exit_code: ExitCode | None = None
+    status: Status, rank: int, cause: str, row: str, *, exit_code: ExitCode | None = None,
+    new_pod: bool = False,
 ) -> Result:
     """T3/T7/T10/T10c (uncounted replacement during recovery) with the flap guard.
 
@@ -203,7 +213,7 @@ def _replace_worker(
     charged to it first."""
     effects: list[Effect] = []
     if status.blame >= 0:
-        outcome = _charge(status, rank, Charge(cause), f"{row}+B2")
+        outcome = _charge(status, rank, Charge(cause, answered=new_pod), f"{row}+B2")
         if isinstance(outcome, tuple):
             return outcome
         status = outcome
@@ -394,10 +404,10 @@ def _on_ack(status: Status, ev: Ack, now: float) -> Result:
                 status = _set(status, evolve(pod, incarnation=ev.incarnation))
                 return status, [Log(f"rank {ev.rank} restarted after finishing")]
             status = _set(status, evolve(pod, incarnation=ev.incarnation))
-            return _counted_failure(status, ev.rank, Charge("restarted", "restarted"), "T6",
+            return _counted_failure(status, ev.rank, Charge("restarted", answered=True), "T6",
                                     Phase.RESTARTING)
         status = _set(status, evolve(pod, incarnation=ev.incarnation))
-        return _replace_worker(status, ev.rank, "restarted", "T7")
+        return _replace_worker(status, ev.rank, "restarted", "T7", new_pod=True)
 
     status = _set(status, pod)
     return status, _resend(status, pod)
