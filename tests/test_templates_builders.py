@@ -128,7 +128,7 @@ def test_bootcheck_and_troubleshoot_call_aegis_flow_check() -> None:
     b, t = built(bootcheck_template(SPEC)), built(troubleshoot_template(SPEC))
     assert b["container"]["command"] == t["container"]["command"] == [
         "python3", "/aegis/aegis-supervisor.pyz"]  # aegis-flow check, from the bundle
-    assert b["container"]["args"][:2] == ["check", "env,io,gpu,runtime,rdma"]
+    assert b["container"]["args"][:2] == ["check", "runtime,env,io,gpu,rdma"]  # vocab order
     assert "--expect-gpus" in b["container"]["args"]
     assert t["nodeSelector"] == {"kubernetes.io/hostname": "{{inputs.parameters.node}}"}
     assert {"key": "aegis.io/quarantined", "operator": "Exists"} in t["tolerations"]
