@@ -38,6 +38,11 @@ def build_parser(prog: str = "aegis-flow worker") -> argparse.ArgumentParser:
     ap.add_argument("--pod-ip", default=os.environ.get("POD_IP", WORKER.pod_ip))
     ap.add_argument("--connect-timeout", type=float, default=WORKER.connect_timeout,
                     help="seconds to reach NATS before running CMD without fault tolerance")
+    ap.add_argument("--orphan-timeout", type=float, default=WORKER.orphan_timeout,
+                    help="seconds with no master, once the job has begun, before the worker "
+                    "stops waiting for one: a running CMD runs to completion and its exit code "
+                    "becomes the worker's; more than the master's lost timeout (default "
+                    f"{WORKER.orphan_timeout:g})")
     ap.add_argument("--master-timeout", type=float, default=WORKER.master_timeout,
                     help="seconds to wait for the master's first order before falling back; "
                     "more than the master's connect timeout")
@@ -103,7 +108,8 @@ def _parse(argv: list[str], prog: str) -> tuple[WorkerConfig, str]:
     cfg = WorkerConfig(command=tuple(command), job=a.job, namespace=a.namespace, rank=a.rank,
                        world_size=a.world_size, nats_url=a.nats_url, node=a.node,
                        pod_ip=a.pod_ip, connect_timeout=a.connect_timeout,
-                       master_timeout=a.master_timeout, heartbeat_interval=a.heartbeat,
+                       master_timeout=a.master_timeout, orphan_timeout=a.orphan_timeout,
+                       heartbeat_interval=a.heartbeat,
                        grace=a.grace, injections=injections, work_dir=a.work_dir,
                        prewarm=a.prewarm, nkey_seed=a.nkey_seed,
                        hang_after=a.hang_after, hang_quit_after=a.hang_quit_after,

@@ -43,7 +43,7 @@ from aegis_flow.supervisor.inject import Injection
 from aegis_flow.supervisor.prewarm import Zygote, start_zygote
 from aegis_flow.supervisor.stats import BeatClock, StepRate, gpu_type
 from aegis_flow.supervisor.waiting import wait_or_cancel
-from aegis_flow.vocab import PHASE_OF_ORDER, Order, Phase
+from aegis_flow.vocab import PHASE_OF_ORDER, ExitCode, Order, Phase
 
 # a replacement for the real checks (tests): (order, config) -> (ok, fault class, detail)
 CheckFn = Callable[[str, "WorkerConfig"], Awaitable[tuple[bool, str | None, str]]]
@@ -61,6 +61,7 @@ class WorkerConfig:
     pod_ip: str = WORKER.pod_ip
     connect_timeout: float = WORKER.connect_timeout  # to reach NATS
     master_timeout: float = WORKER.master_timeout  # > the master's connect timeout (settings)
+    orphan_timeout: float = WORKER.orphan_timeout  # no master this long: finish on our own
     heartbeat_interval: float = WORKER.heartbeat_interval
     grace: float = WORKER.grace
     injections: tuple[Injection, ...] = ()
@@ -169,6 +170,11 @@ class Supervisor:
         self.exit_code: asyncio.Future[int] | None = None
         self.nc: Any = None
         self.last_order_at = 0.0
+        # the orphan bound (_master_watch): the last sign of a master (an order, or a probe
+        # that found one listening), whether we gave up on it, the last run's exit code
+        self.master_seen_at = 0.0
+        self.orphaned = False
+        self.command_code: int | None = None
         self.zygote: Zygote | None = None
         self.progress: ProgressSocket | None = None
         self._causes: CauseTable | None = None
@@ -204,19 +210,20 @@ class Supervisor:
         await self._publish(msg)
 
     async def heartbeat(self) -> None:
+        self.beats.beat(time.monotonic())
+        await self._publish(self._msg(p.MsgType.ACK, self.seq, self._beat_data()))
+        if self.last_report is not None and self.last_report.seq == self.seq:
+            await self._publish(self.last_report)  # repeat until the seq advances
+
+    def _beat_data(self) -> dict[str, Any]:
         running = self.child is not None and self.child.running
-        now = time.monotonic()
-        self.beats.beat(now)
-        data = {"node": self.cfg.node, "pod_ip": self.cfg.pod_ip,
+        return {"node": self.cfg.node, "pod_ip": self.cfg.pod_ip,
                 "child_pid": self.child.pid if self.child and self.child.running else None,
                 "node_ip": os.environ.get("AEGIS_NODE_IP", self.cfg.pod_ip),
                 "gpu_type": self.gpu_type, "child_restarts": max(0, self.child_starts - 1),
                 "beat_lag": round(self.beats.lag, 4),
                 "step_rate": self.steps.rate(time.time()) if running else None,
                 "step": self.steps.last}
-        await self._publish(self._msg(p.MsgType.ACK, self.seq, data))
-        if self.last_report is not None and self.last_report.seq == self.seq:
-            await self._publish(self.last_report)  # repeat until the seq advances
 
     # -- orders -----------------------------------------------------------------------------
     async def on_order(self, raw: bytes) -> None:
@@ -232,6 +239,7 @@ class Supervisor:
         if msg.rank not in (-1, self.cfg.rank):
             return
         self.last_order_at = time.monotonic()
+        self._heard_master()
         try:
             order = Order(msg.data.get("order", ""))
         except ValueError:
@@ -330,6 +338,7 @@ class Supervisor:
         if msg is not None and msg.seq != self.seq:
             return  # a newer order came while waiting: never start the command for this one
         try:
+            self.command_code = None  # until this run ends on its own
             self.child = await self._start(env)
             self.child_starts += 1
             self.steps.reset()
@@ -347,6 +356,7 @@ class Supervisor:
             watch.cancel()
             for k in killers:
                 k.cancel()
+        self.command_code = status.shell_code
         if msg is None:
             return
         if status.ok:
@@ -355,6 +365,10 @@ class Supervisor:
         else:
             await self.report(p.MsgType.ERROR, self._error_report(status, ended_at),
                               seq=msg.seq)
+        if self.orphaned:  # no master to decide: the command's exit code is ours
+            _warn(f"the command ended ({status.cause}) with no master: exiting with code "
+                  f"{status.shell_code}")
+            self._finish(status.shell_code)
 
     def _error_report(self, status: childmod.ExitStatus, ended_at: float) -> dict[str, Any]:
         """What the master needs to judge a failed run: the cause the log shows, and — for a
@@ -474,9 +488,10 @@ class Supervisor:
                                        os.path.abspath(self.cfg.work_dir))
         await self.nc.subscribe(self.subjects.broadcast, cb=self._cb)
         await self.nc.subscribe(self.subjects.worker(self.cfg.rank), cb=self._cb)
-        self.last_order_at = time.monotonic()
+        self.last_order_at = self.master_seen_at = time.monotonic()
         self._classify(())  # load the cause table now, not when a rank has just died
         beat = asyncio.ensure_future(self._beat_loop())
+        orphan = asyncio.ensure_future(self._master_watch())
         renew = (asyncio.ensure_future(self.session.renew_loop(self.nc, _warn))
                  if self.session is not None else None)
         reaper = asyncio.ensure_future(self._reap_loop()) if os.getpid() == 1 else None
@@ -484,6 +499,7 @@ class Supervisor:
             code = await self.exit_code
         finally:
             beat.cancel()
+            orphan.cancel()
             if renew is not None:
                 renew.cancel()
             if reaper:
@@ -518,6 +534,69 @@ class Supervisor:
                 self._finish(-1)
                 return
             await asyncio.sleep(self.cfg.heartbeat_interval)
+
+    # -- the orphan bound --------------------------------------------------------------------
+    def _heard_master(self) -> None:
+        self.master_seen_at = time.monotonic()
+        if self.orphaned:
+            self.orphaned = False
+            _warn("the master is back: fault tolerance resumes")
+
+    async def _master_present(self, timeout: float) -> bool:
+        """Is a master listening on our report subject? A heartbeat sent as a NATS request
+        tells: the server answers "no responders" at once when nobody subscribes there; a
+        master never replies, so a timeout on a connected client means one is listening."""
+        import nats.errors
+
+        if self.nc is None or not self.nc.is_connected:
+            return False
+        msg = self._msg(p.MsgType.ACK, self.seq, self._beat_data())  # one more heartbeat
+        if self.drop is not None and self.drop(msg):
+            return False
+        try:
+            await self.nc.request(self.subjects.master(self.cfg.rank), msg.encode(),
+                                  timeout=timeout)
+        except nats.errors.NoRespondersError:
+            return False
+        except asyncio.TimeoutError:
+            return bool(self.nc.is_connected)
+        except Exception:  # noqa: BLE001 - disconnected, draining, no permission: no sign
+            return False
+        return True
+
+    async def _master_watch(self) -> None:
+        """The orphan bound: once the job has begun (an order came), no master for
+        ``orphan_timeout`` seconds means none is coming back. The master sends nothing while
+        all is well (a command running, a worker waiting for its peers), so silence proves
+        nothing: the watch asks NATS whether a master listens, and only when it has not heard
+        of one for half the bound (so a healthy job costs one probe per half bound). Training
+        is never stopped for it: a running command runs to completion and its exit code
+        becomes the worker's (``_run_child``); a worker with no command running exits at once,
+        with its last run's code."""
+        bound = self.cfg.orphan_timeout
+        interval = max(0.1, min(5.0, bound / 8))
+        while True:
+            await asyncio.sleep(interval)
+            if self.seq < 0:  # no order yet: the master timeout's business (_beat_loop)
+                continue
+            if time.monotonic() - self.master_seen_at > bound / 2:
+                if await self._master_present(min(1.0, interval)):
+                    self._heard_master()
+            silent = time.monotonic() - self.master_seen_at
+            if silent <= bound:
+                continue
+            running = self.child is not None and self.child.running
+            code = self.command_code if self.command_code is not None else int(ExitCode.STOPPED)
+            if not self.orphaned:
+                self.orphaned = True
+                _warn(f"no master for {silent:.0f} s: finishing without fault tolerance ("
+                      + ("the command runs to completion; its exit code will be this worker's)"
+                         if running else f"exit code {code}, "
+                         + ("the command's)" if self.command_code is not None
+                            else "the command did not finish)")))
+            if not running:
+                self._finish(code)
+                return
 
     async def _reap_loop(self) -> None:
         while True:

@@ -7,8 +7,10 @@ then forks one training process per request: the fork skips the ~2 s of ``import
 only, torch optional): it must run in an image where aegis-flow itself is not installed.
 
 Protocol on the inherited Unix socket (fd in AEGIS_ZYGOTE_FD), JSON lines:
-  zygote → "ready"; request {argv, env, cwd} with the child's stdout fd (SCM_RIGHTS) →
-  {"pid": N} or {"error": "..."}; later {"exit": N, "code": C, "signal": S|null}.
+  zygote → "ready"; request {id, argv, env, cwd} with the child's stdout fd (SCM_RIGHTS) →
+  {"id": id, "pid": N} or {"id": id, "error": "..."} (the request's id, echoed: the supervisor
+  matches a reply to its request, so a reply to a cancelled request never answers a later
+  one); later {"exit": N, "code": C, "signal": S|null}.
 Side effects: forks processes, sends signals to them when the supervisor goes away.
 """
 
@@ -164,8 +166,9 @@ def main() -> int:
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
             req = json.loads(line)
+            rid = req.get("id")  # echoed: the supervisor matches replies to requests by it
             if not fds:
-                _send(sock, {"error": "request without an output fd"})
+                _send(sock, {"id": rid, "error": "request without an output fd"})
                 continue
             out_fd = fds.pop(0)
             pid = os.fork()
@@ -176,7 +179,7 @@ def main() -> int:
                 _child(req, out_fd, sock)
             os.close(out_fd)
             children.add(pid)
-            _send(sock, {"pid": pid, "at": time.time()})
+            _send(sock, {"id": rid, "pid": pid, "at": time.time()})
 
 
 if __name__ == "__main__":
