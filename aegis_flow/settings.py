@@ -93,6 +93,12 @@ class WorkerDefaults:
     master_timeout: float = field(default=90.0, metadata=_doc(
         "--master-timeout", "seconds to wait for the master's first order before running CMD "
         "without fault tolerance; more than the master's connect timeout"))
+    # Sized so a master restart fits (the local runner restarts a dead master in seconds; a
+    # daemon step on Argo in about a minute); more than the master's lost timeout (check_worker).
+    orphan_timeout: float = field(default=120.0, metadata=_doc(
+        "--orphan-timeout", "seconds with no master (after its first order) before a worker "
+        "stops waiting for one: a running CMD runs to completion and its exit code becomes the "
+        "worker's; more than the master's lost timeout"))
     heartbeat_interval: float = field(default=0.5, metadata=_doc(
         "--heartbeat", "seconds between heartbeats; at most half the master's lost timeout"))
     grace: float = field(default=5.0, metadata=_doc(
@@ -162,6 +168,8 @@ class WorkerSettings(Protocol):
     def connect_timeout(self) -> float: ...
     @property
     def master_timeout(self) -> float: ...
+    @property
+    def orphan_timeout(self) -> float: ...
     @property
     def heartbeat_interval(self) -> float: ...
     @property
@@ -255,6 +263,7 @@ def check_worker(cfg: WorkerSettings, *, master_connect_timeout: float = MASTER.
                           f"size {cfg.world_size}): pass --rank (or set RANK) in that range")
     _seconds("the NATS connect timeout", cfg.connect_timeout, "--connect-timeout")
     _seconds("the master timeout", cfg.master_timeout, "--master-timeout")
+    _seconds("the orphan timeout", cfg.orphan_timeout, "--orphan-timeout")
     _seconds("the heartbeat interval", cfg.heartbeat_interval, "--heartbeat")
     _seconds("grace", cfg.grace, "--grace", zero_ok=True)
     _hang(cfg.hang_after, cfg.hang_quit_after)
@@ -264,6 +273,11 @@ def check_worker(cfg: WorkerSettings, *, master_connect_timeout: float = MASTER.
             f"connect timeout ({master_connect_timeout:g} s), or it runs alone while the master "
             f"still waits for its peers: raise --master-timeout above {master_connect_timeout:g}")
     _heartbeat_vs_lost(cfg.heartbeat_interval, master_lost_timeout, worker=True)
+    if not cfg.orphan_timeout > master_lost_timeout:
+        raise ConfigError(
+            f"a worker's orphan timeout ({cfg.orphan_timeout:g} s) must exceed the master's lost "
+            f"timeout ({master_lost_timeout:g} s), or a pause the master forgives ends the "
+            f"worker: raise --orphan-timeout above {master_lost_timeout:g}")
 
 
 def hang_thresholds(hang_after: float | None, hang_quit_after: float | None) -> tuple[float, float]:
