@@ -26,7 +26,10 @@ def add_parsers(sub: Any) -> None:
         usage="aegis-flow run --workers N [options] -- CMD [ARG ...]",
         description="Run CMD as N ranks on this machine under fault tolerance: a killed or "
         "failing rank is detected, diagnosed and every rank restarted in place, up to "
-        "--max-retry times. Exits 0 when the job succeeded, 1 when it failed.")
+        "--max-retry times. Exits 0 when the job succeeded, 1 when it failed. Every run is a "
+        "new job: the last run of the same --job in the same --state-dir is archived to "
+        "STATE_DIR/JOB/runs/<id>/ when it ended; one that was interrupted is continued only with "
+        "--resume (or archived with --fresh).")
     r.add_argument("--workers", type=non_negative_int, required=True, help="number of ranks")
     r.add_argument("--max-retry", type=non_negative_int, default=MASTER.max_retry,
                    help=f"max restarts (default {MASTER.max_retry})")
@@ -42,6 +45,14 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--state-dir", type=Path, default=Path(LOCAL.state_dir),
                    help="where the NATS store, work dir and pid file go "
                    f"(default {LOCAL.state_dir})")
+    again = r.add_mutually_exclusive_group()
+    again.add_argument("--resume", dest="rerun", action="store_const", const="resume",
+                       default="new", help="continue the job's interrupted last run (stopped "
+                       "by Ctrl-C/SIGTERM or killed mid-job) from its stored status, with its "
+                       "retry counts")
+    again.add_argument("--fresh", dest="rerun", action="store_const", const="fresh",
+                       help="archive the job's last run whatever state it is in (to "
+                       "STATE_DIR/JOB/runs/<id>/) and start over")
     r.add_argument("--inject", action="append", default=[], metavar="SPEC",
                    help="inject a real fault: crash:rank=1:after=5s (SIGKILL) or "
                    "exit:rank=0:code=3:after=8s; add :epoch=N|all; repeatable")
@@ -143,7 +154,7 @@ def _run(a: argparse.Namespace) -> int:
                         metrics_port=a.metrics_port, progress=not a.quiet,
                         prewarm=a.prewarm, secure=not a.insecure_nats,
                         jwt_lifetime=a.jwt_lifetime, hang_after=hang[0], hang_quit_after=hang[1],
-                        give_up_on_repeat=a.give_up_on_repeat)
+                        give_up_on_repeat=a.give_up_on_repeat, rerun=a.rerun)
         check_local(cfg)
     except ConfigError as exc:
         return report(exc)
@@ -206,36 +217,18 @@ def _url(a: argparse.Namespace) -> str | None:
 def _auth_options(a: argparse.Namespace, subjects: p.Subjects) -> dict[str, Any]:
     """Credentials for status/stop when the local job runs NATS in operator mode: a short-lived
     user minted with the job's account signing key from the state dir (none otherwise)."""
-    import time
-
-    auth_dir = a.state_dir / a.job / "auth"
-    if a.nats_url or not (auth_dir / "public.json").is_file():
+    if a.nats_url:
         return {}
-    from aegis_flow.security import natsjwt as nj
-    from aegis_flow.security.issuer import master_permissions
-    from aegis_flow.security.operator import load, user_options
+    from aegis_flow.local.runs import job_user_options
 
-    perms = master_permissions(subjects)
-    return user_options(load(auth_dir), nj.Permissions(pub=perms.pub, sub=perms.sub),
-                        name="aegis-operator-cli", now=time.time())
+    return job_user_options(a.state_dir / a.job, subjects)
 
 
 async def _fetch(url: str, subjects: p.Subjects,
                  auth: dict[str, Any] | None = None) -> bytes | None:
-    import nats
+    from aegis_flow.local.runs import read_stored_status
 
-    from aegis_flow.master.store import KVStore
-
-    nc = await asyncio.wait_for(nats.connect(url, connect_timeout=2,
-                                             max_reconnect_attempts=0, **(auth or {})), 5)
-    try:
-        store = await KVStore.open(nc, subjects.kv_bucket, create=False)
-        raw, _ = await store.load()
-        return raw
-    except Exception:  # noqa: BLE001 - no bucket: no such job
-        return None
-    finally:
-        await nc.close()
+    return await read_stored_status(url, subjects, auth or {})
 
 
 def _status(a: argparse.Namespace) -> int:
@@ -250,7 +243,8 @@ def _status(a: argparse.Namespace) -> int:
         subjects = p.Subjects(a.namespace, a.job)
         raw = asyncio.run(_fetch(url, subjects, _auth_options(a, subjects)))
     except Exception as exc:  # noqa: BLE001
-        print(f"aegis-flow status: cannot reach NATS at {url}: {exc}", file=sys.stderr)
+        print(f"aegis-flow status: cannot reach NATS at {url}: {exc or type(exc).__name__}",
+              file=sys.stderr)
         return 2
     if raw is None:
         print(f"aegis-flow status: no job {a.namespace}/{a.job} on {url}", file=sys.stderr)
@@ -282,11 +276,9 @@ def _stop(a: argparse.Namespace) -> int:
                     data={"reason": a.reason}, timestamp=time.time())
 
     async def send() -> None:
-        import nats
+        from aegis_flow.local.runs import connect_quietly
 
-        nc = await asyncio.wait_for(nats.connect(url, connect_timeout=2,
-                                                 max_reconnect_attempts=0,
-                                                 **_auth_options(a, subjects)), 5)
+        nc = await connect_quietly(url, _auth_options(a, subjects))
         await nc.publish(subjects.control, msg.encode())
         await nc.flush()
         await nc.close()
@@ -294,7 +286,8 @@ def _stop(a: argparse.Namespace) -> int:
     try:
         asyncio.run(send())
     except Exception as exc:  # noqa: BLE001
-        print(f"aegis-flow stop: cannot reach NATS at {url}: {exc}", file=sys.stderr)
+        print(f"aegis-flow stop: cannot reach NATS at {url}: {exc or type(exc).__name__}",
+              file=sys.stderr)
         return 2
     print(f"asked job {a.namespace}/{a.job} to stop")
     return 0

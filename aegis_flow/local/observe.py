@@ -97,19 +97,51 @@ def _report(a: argparse.Namespace) -> int:
 
 
 def status_command(a: argparse.Namespace, live: Callable[[argparse.Namespace], int]) -> int:
-    """``status`` once or ``--watch``: live from NATS while the job runs, else its final file."""
-    final = a.state_dir / a.job / "status.json"
+    """``status`` once or ``--watch``: live from NATS while the job runs, else its final file
+    (``status.json``, or the newest archived run's), else one line saying there is none."""
+    from aegis_flow.local.runs import archived_runs, running_pid
+
+    job_dir = a.state_dir / a.job
+    final = job_dir / "status.json"
+
+    def show(path: Path, note: str) -> int:
+        raw = path.read_bytes()
+        if a.json:
+            try:
+                print(json.dumps(json.loads(raw), indent=2, sort_keys=True))
+            except ValueError:
+                print(f"aegis-flow status: {path} is not JSON", file=sys.stderr)
+                return 1
+        else:
+            from aegis_flow.local.status import render
+
+            print(render(raw) + f"\n({note}; from {path})")
+        return 0
+
+    def ended_note(path: Path) -> str:
+        from aegis_flow.local.status import last_run
+
+        last = last_run(path.read_bytes())
+        return ("the run was stopped before the job ended" if last.kind == "interrupted"
+                else "the job has ended")
 
     def once() -> int:
-        if final.exists() and not a.nats_url:  # the master wrote it when the job ended
-            raw = final.read_bytes()
-            if a.json:
-                print(json.dumps(json.loads(raw), indent=2, sort_keys=True))
-            else:
-                from aegis_flow.local.status import render
-
-                print(render(raw) + f"\n(the job has ended; from {final})")
-            return 0
+        if not a.nats_url and running_pid(job_dir) is None:
+            if final.exists():  # written when the run ended (by the master or the runner)
+                return show(final, ended_note(final))
+            if (job_dir / "nats.url").exists():  # a run that ended without its record
+                print(f"aegis-flow status: job {a.job!r} in {a.state_dir} is not running and "
+                      "left no final status (was aegis-flow run killed?); aegis-flow run "
+                      "--resume continues it, --fresh archives it and starts over",
+                      file=sys.stderr)
+                return 1
+            runs = [r for r in archived_runs(job_dir) if (r / "status.json").exists()]
+            if runs:
+                return show(runs[-1] / "status.json", "an archived run")
+            print(f"aegis-flow status: no job {a.job!r} in {a.state_dir}", file=sys.stderr)
+            return 1
+        if final.exists() and not a.nats_url:  # the run is ending: its record is written
+            return show(final, ended_note(final))
         rc = live(a)
         port_file = a.state_dir / a.job / "metrics.port"
         if rc == 0 and not a.json and port_file.exists():
@@ -136,7 +168,7 @@ def status_command(a: argparse.Namespace, live: Callable[[argparse.Namespace], i
                 print(f"--- {time.strftime('%H:%M:%S')}")
             rc = once()
             sys.stdout.flush()
-            if rc != 0 or final.exists():
+            if rc != 0 or final.exists() or (not a.nats_url and running_pid(job_dir) is None):
                 return rc
             time.sleep(a.watch)
     except KeyboardInterrupt:

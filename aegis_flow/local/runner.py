@@ -1,33 +1,60 @@
 """``aegis-flow run``: one job on one machine — embedded NATS, a master and N supervisors.
 
 Side effects: starts and stops processes (nats-server, the master, one supervisor per rank),
-writes the state dir (``nats.url``, ``pids.json``, the NATS store). Plays the part Kubernetes
-plays on a cluster: a supervisor that exits with the node-fault or container-restart code, or
-dies, is started again as a new incarnation (a node fault on a new "node"); a master that dies
-is started again and resumes from the stored status. Nothing is left running on any exit path.
+writes the state dir (``run.lock``, ``nats.url``, ``pids.json``, the NATS store, ``runs/``).
+Plays the part Kubernetes plays on a cluster: a supervisor that exits with the node-fault or
+container-restart code, or dies, is started again as a new incarnation (a node fault on a new
+"node"); a master that dies is started again and resumes from the stored status. Nothing is left
+running on any exit path.
+
+One run of a job at a time (``run.lock``: an exclusive flock, holding the runner's pid). A run is
+a new job: what the last run left (``status.json``, ``logs/``, the NATS store) is moved to
+``runs/<id>/`` when that job ended; an interrupted job (a live phase stored) is continued only on
+``--resume`` (``rerun="resume"``) and archived on ``--fresh``. Every ending leaves
+``status.json``: the master writes it when the job ends; when the runner ends the run itself (a
+signal, or it gave up restarting processes) it stops the master first, then the workers, reads
+the stored status from the KV and writes it with a ``stopped_by`` note, the fault log's closing
+records and the summary line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from aegis_flow.local.nodes import node_name
 from aegis_flow.local.progress import ProgressPrinter
+from aegis_flow.local.runs import (
+    LOCK_FILE,
+    RUN_FILES,
+    RUNS_DIR,
+    RunLock,
+    delete_stored_status,
+    job_user_options,
+    read_stored_status,
+)
 from aegis_flow.master.machine import ExitCode
+from aegis_flow.protocol import Subjects
 from aegis_flow.settings import LOCAL, MASTER, WORKER, check_local, master_timeout_for
 from aegis_flow.supervisor.child import _die_with_parent
+
+if TYPE_CHECKING:
+    from aegis_flow.local.status import LastRun
 
 REPLACE_CODES = {int(ExitCode.NODE_FAULT), int(ExitCode.CONTAINER_RESTART)}
 # succeed, failed, conflict, independent, no NATS, a damaged stored status
 MASTER_DONE_CODES = {0, 1, 2, 3, 4, 5}
 INDEPENDENT_CODES = {3, 4}
+RERUN_CHOICES = ("new", "resume", "fresh")
 
 
 @dataclass(frozen=True)
@@ -60,6 +87,9 @@ class RunConfig:
     # extra environment for the supervisor on one node (and so its checks and command):
     # (node, NAME, value), e.g. ("local-node-1", "AEGIS_SYSFS_ROOT", "/mnt/host-sys")
     node_env: tuple[tuple[str, str, str], ...] = ()
+    # what to do with the job's last run: "new" (archive it if it ended, refuse if it was
+    # interrupted), "resume" (continue an interrupted one), "fresh" (archive it whatever it is)
+    rerun: str = "new"
 
 
 def _say(text: str) -> None:
@@ -103,6 +133,17 @@ class _Interrupted(Exception):
         self.signum = signum
 
 
+class _GaveUp(Exception):
+    """The runner restarted processes too often: it ends the run itself."""
+
+
+def _error(text: str) -> int:
+    """A refusal before anything started: one line, exit code 2."""
+    sys.stderr.write(f"aegis-flow: error: {text}\n")
+    sys.stderr.flush()
+    return 2
+
+
 class LocalJob:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -117,6 +158,9 @@ class LocalJob:
         self.progress = ProgressPrinter(self.state_dir / "metrics.port",
                                         every=cfg.progress_every, enabled=cfg.progress)
         self.grpc_addr = ""  # the master's SyncWorkerCreds address when credentials are on
+        self.subjects = Subjects(cfg.namespace, cfg.job)
+        self.stopped_by = ""  # set when the runner, not the master, ends the run
+        self._stopping = False  # cleaning up: a second signal is not an exception any more
 
     def _master_args(self) -> list[str]:
         c = self.cfg
@@ -178,14 +222,29 @@ class LocalJob:
         """Operator mode: bootstrap the keys (0600, kept across runs), write the server config,
         a fresh bootstrap token for this run, and pick the master's gRPC port."""
         from aegis_flow.master.runtime import free_port
-        from aegis_flow.security.operator import bootstrap
         from aegis_flow.security.tokens import new_token, write_token
 
-        auth = bootstrap(self.state_dir / "auth")
+        config = self._server_config()
         write_token(self.state_dir / "token", new_token())
         (self.state_dir / "creds").mkdir(mode=0o700, exist_ok=True)
         self.grpc_addr = f"127.0.0.1:{free_port()}"
-        return auth.write_server_config()
+        return config
+
+    def _server_config(self) -> Path:
+        """The embedded server's operator-mode config (keys bootstrapped once, kept)."""
+        from aegis_flow.security.operator import bootstrap
+
+        return bootstrap(self.state_dir / "auth").write_server_config()
+
+    def _nats_config(self) -> Path | None:
+        """The embedded server's config, or None without authentication (--insecure-nats)."""
+        return self._server_config() if self.cfg.secure else None
+
+    def _nats_options(self) -> dict[str, Any]:
+        """Connect options for the runner's own reads of the KV."""
+        if self.cfg.nats_url is not None:
+            return {}
+        return job_user_options(self.state_dir, self.subjects, name="aegis-flow-run")
 
     def _write_pids(self) -> None:
         pids = {"runner": os.getpid(), "master": self.master.pid if self.master else None,
@@ -195,15 +254,131 @@ class LocalJob:
         os.replace(tmp, self.state_dir / "pids.json")
 
     def _on_signal(self, signum: int, _frame: object) -> None:
+        if self._stopping:  # already stopping everything: let the cleanup finish
+            _say(f"{signal.Signals(signum).name}: already stopping every process")
+            return
         raise _Interrupted(signum)
 
     def run(self) -> int:
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        lock = RunLock(self.state_dir / LOCK_FILE)
+        holder = lock.acquire()
+        if holder is not None:
+            return _error(f"job {self.cfg.job!r} in {self.cfg.state_dir} is already running: "
+                          f"aegis-flow run pid {holder or 'unknown'} holds "
+                          f"{self.state_dir / LOCK_FILE}; wait for it to end or stop it "
+                          f"(aegis-flow stop {self.cfg.job} --state-dir {self.cfg.state_dir})")
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            try:
+                refused = self._take_over_last_run()
+            except _Interrupted as exc:
+                return 128 + exc.signum
+            if refused is not None:
+                return refused
+            return self._run()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            lock.release()
+
+    # -- what the job's last run left -------------------------------------------------------
+    def _take_over_last_run(self) -> int | None:
+        """Archive the last run, keep it for ``--resume``, or refuse (the exit code)."""
+        mode, job = self.cfg.rerun, self.cfg.job
+        if mode not in RERUN_CHOICES:
+            return _error(f"rerun must be one of {RERUN_CHOICES}, not {mode!r}")
+        last = self._last_run()
+        where = f"job {job!r} in {self.cfg.state_dir}"
+        resumable = last.kind in ("interrupted", "unreadable")
+        if mode == "resume":
+            if not resumable:
+                what = ("has nothing to resume" if last.kind == "none"
+                        else f"{last.describe()} and cannot be resumed")
+                how = ("pass --fresh to archive it and start over" if last.kind == "damaged"
+                       else "run it without --resume to start a new run")
+                return _error(f"{where} {what}; {how}")
+            if last.workers and last.workers != self.cfg.workers:
+                return _error(f"{where} was run with --workers {last.workers}, not "
+                              f"{self.cfg.workers}; resume it with --workers {last.workers}, "
+                              "or start over with --fresh")
+            _say(f"{where} {last.describe()}: resuming it from the stored status")
+            (self.state_dir / "status.json").unlink(missing_ok=True)
+            return None
+        if resumable and mode == "new":
+            return _error(f"{where} {last.describe()}; pass --resume to continue it, or "
+                          "--fresh to archive it and start over")
+        if last.kind == "damaged" and mode == "new":
+            return _error(f"{where} {last.describe()}; pass --fresh to archive it and start "
+                          "over")
+        if last.kind != "none" or any((self.state_dir / n).exists() for n in RUN_FILES):
+            dest = self._archive(last)
+            _say(f"{where}: the last run {last.describe()}; archived to {dest}; "
+                 "starting a new run")
+        return None
+
+    def _last_run(self) -> LastRun:
+        """What the last run left: its final ``status.json`` or, when it has none (killed, or
+        never started), the status stored in the KV."""
+        from aegis_flow.local.status import LastRun, last_run
+
+        final = self.state_dir / "status.json"
+        if final.exists():
+            return last_run(final.read_bytes())
+        embedded = self.cfg.nats_url is None
+        if embedded and not (self.state_dir / "nats" / "jetstream").is_dir():
+            return LastRun("none")
+        try:
+            return last_run(self._peek())
+        except _Interrupted:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the store or NATS cannot be read
+            if not embedded:  # the master will not reach it either: it says so itself
+                return LastRun("none")
+            return LastRun("unreadable", why=str(exc) or type(exc).__name__)
+
+    def _peek(self) -> bytes | None:
+        """The status stored in the KV, read before this run starts anything."""
+        if self.cfg.nats_url is not None:
+            return asyncio.run(read_stored_status(self.cfg.nats_url, self.subjects, {}))
+        from aegis_flow.local.natsserver import EmbeddedNats
+
+        server = EmbeddedNats(store_dir=str(self.state_dir / "nats"),
+                              config_file=self._nats_config())
+        server.start()
+        try:
+            return asyncio.run(read_stored_status(server.url, self.subjects,
+                                                  self._nats_options()))
+        finally:
+            server.stop()
+
+    def _archive(self, last: LastRun) -> Path:
+        """Move the last run's files to ``runs/<id>/`` (id: when it ended, and a suffix)."""
+        final = self.state_dir / "status.json"
+        ended = final.stat().st_mtime if final.exists() else time.time()
+        dest = (self.state_dir / RUNS_DIR /
+                f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(ended))}-{secrets.token_hex(3)}")
+        dest.mkdir(parents=True)
+        for name in RUN_FILES:
+            if (self.state_dir / name).exists():
+                os.replace(self.state_dir / name, dest / name)
+        if last.raw is not None and not (dest / "status.json").exists():
+            (dest / "status.json").write_bytes(last.raw)  # read from the KV: killed run
+        (self.state_dir / "metrics.port").unlink(missing_ok=True)
+        if self.cfg.nats_url is not None:  # the KV is not ours to move: forget it
+            try:
+                asyncio.run(delete_stored_status(self.cfg.nats_url, self.subjects))
+            except Exception as exc:  # noqa: BLE001 - the master will say NATS is gone
+                _say(f"could not delete the stored status on {self.cfg.nats_url}: {exc}")
+        return dest
+
+    # -- the run ----------------------------------------------------------------------------
+    def _run(self) -> int:
         (self.state_dir / "work").mkdir(exist_ok=True)
         (self.state_dir / "status.json").unlink(missing_ok=True)
         (self.state_dir / "metrics.port").unlink(missing_ok=True)
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         server = None
+        code = 1
         try:
             if self.cfg.nats_url is None:
                 from aegis_flow.local.natsserver import EmbeddedNats
@@ -224,17 +399,74 @@ class LocalJob:
             for rank in range(self.cfg.workers):
                 self.workers[rank] = _spawn(self._worker_args(rank), self._worker_env(rank))
             self._write_pids()
-            return self._loop()
+            code = self._loop()
         except _Interrupted as exc:
-            _say(f"interrupted by {signal.Signals(exc.signum).name}; stopping every process")
-            return 128 + exc.signum
+            name = signal.Signals(exc.signum).name
+            _say(f"interrupted by {name}; stopping every process")
+            self.stopped_by = f"{name} to aegis-flow run"
+            code = 128 + exc.signum
+        except _GaveUp as exc:
+            _say(str(exc))
+            self.stopped_by = f"aegis-flow run, which {exc}"
+            code = 1
         finally:
-            procs = [*self.workers.values()] + ([self.master] if self.master else [])
-            _stop(procs, self.cfg.grace + 2)
+            self._stopping = True
+            if self.master is not None:  # first, so that nothing is decided after the end
+                _stop([self.master], 2.0)
+            _stop(list(self.workers.values()), self.cfg.grace + 2)
+            if self.stopped_by and self.url:
+                self._write_record()
             if server is not None:
                 server.stop()
-            for s, h in old.items():
-                signal.signal(s, h)
+        return code
+
+    def _write_record(self) -> None:
+        """The run was ended by the runner: ``status.json`` (the stored status as last known,
+        with ``stopped_by``), the fault log's closing records and the summary line. The master
+        is stopped by now, so the KV holds its last word."""
+        from aegis_flow.local.status import summary_of, with_stop_note
+
+        final = self.state_dir / "status.json"
+        if final.exists():  # the master ended the job and wrote it: that is the record
+            _say(summary_of(final.read_bytes()))
+            return
+        try:
+            raw = asyncio.run(read_stored_status(self.url, self.subjects, self._nats_options()))
+        except Exception as exc:  # noqa: BLE001 - NATS gone too: nothing to read
+            _say(f"no final status written: the stored status cannot be read "
+                 f"({exc or type(exc).__name__})")
+            return
+        if raw is None:
+            _say("no final status written: the master had stored none yet")
+            return
+        raw = with_stop_note(raw, self.stopped_by, time.time())
+        tmp = final.with_name("status.json.tmp")
+        tmp.write_bytes(raw)
+        os.replace(tmp, final)
+        self._log_stop(raw)
+        _say(summary_of(raw))
+
+    def _log_stop(self, raw: bytes) -> None:
+        """The fault log's last records: the job's phase ends (stopped), and the summary."""
+        from aegis_flow.local.status import summary_of
+        from aegis_flow.master.faultlog import FaultLog, record
+        from aegis_flow.master.store import decode_doc
+
+        try:
+            phase = decode_doc(raw)[0].phase.value
+        except ValueError:
+            phase = ""
+        now = time.time()
+        try:
+            log = FaultLog(self.state_dir / "logs")
+            log.write_many([
+                record("phase_end", now=now, phase=phase, pod="aegis-flow-run",
+                       message=f"job stopped in {phase}: {self.stopped_by}"),
+                record("summary", now=now, phase=phase, pod="aegis-flow-run",
+                       message=summary_of(raw))])
+            log.close()
+        except OSError as exc:
+            _say(f"cannot write the fault log's last records: {exc}")
 
     def _loop(self) -> int:
         master_code: int | None = None
@@ -273,7 +505,7 @@ class LocalJob:
     def _restart(self, what: str, code: int) -> None:
         self.restarts += 1
         if self.restarts > self.cfg.max_process_restarts:
-            raise RuntimeError(f"gave up: processes were restarted {self.restarts} times")
+            raise _GaveUp(f"gave up: processes were restarted {self.restarts} times")
         why = f"signal {-code}" if code < 0 else f"exit code {code}"
         _say(f"{what} ended ({why}); starting it again")
 

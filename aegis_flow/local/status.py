@@ -1,9 +1,13 @@
-"""Render a stored status document as a readable table (pure)."""
+"""Render a stored status document as a readable table, and read what a run left (pure)."""
 
 from __future__ import annotations
 
-from aegis_flow.master.runtime import summary
+import json
+from dataclasses import dataclass
+from typing import Any
+
 from aegis_flow.master.model import Phase
+from aegis_flow.master.runtime import summary
 from aegis_flow.master.store import decode_doc
 from aegis_flow.phases import step_of
 
@@ -36,8 +40,22 @@ def render(raw: bytes) -> str:
     tail = failure_tail(raw)
     if tail:
         lines += tail[:1] + [f"  {t}" for t in tail[1:]]
-    lines += ["", summary(status)]
+    stopped = stopped_line(doc, status.phase)
+    if stopped:
+        lines += ["", stopped]
+    lines += ["", summary_of(raw)]
     return "\n".join(lines)
+
+
+def stopped_line(doc: dict[str, Any], phase: Phase) -> str:
+    """"stopped by …" for a run that ``aegis-flow run`` ended itself (a signal), "" otherwise."""
+    by = doc.get("stopped_by")
+    if not by:
+        return ""
+    if phase.terminal:
+        return f"stopped by   {by} (after the job had ended)"
+    return (f"stopped by   {by} in {phase.value}: the job did not end "
+            "(aegis-flow run --resume continues it, --fresh starts over)")
 
 
 def failure_tail(raw: bytes) -> list[str]:
@@ -60,8 +78,8 @@ def render_damaged(raw: bytes, why: str) -> str:
     import json
 
     lines = [f"the stored status is damaged: {why}",
-             "the master will not resume from it; start the job afresh (a new --job name or "
-             "state dir)"]
+             "the master will not resume from it; start the job afresh: aegis-flow run --fresh "
+             "archives it (or use a new --job name or state dir)"]
     try:
         doc = json.loads(raw)
     except ValueError:
@@ -78,9 +96,63 @@ def render_damaged(raw: bytes, why: str) -> str:
 
 
 def summary_of(raw: bytes) -> str:
-    """The user's summary line of a stored status document."""
+    """The user's summary line of a stored status document (and who stopped it, if someone
+    did)."""
     try:
-        status, _ = decode_doc(raw)
+        status, doc = decode_doc(raw)
     except ValueError as exc:
         return f"the stored status is damaged: {exc}"
-    return summary(status)
+    by = doc.get("stopped_by")
+    return summary(status) + (f"; stopped by {by}" if by else "")
+
+
+def with_stop_note(raw: bytes, by: str, now: float) -> bytes:
+    """The stored document with ``stopped_by``/``stopped_at`` added (a damaged one unchanged):
+    the record ``aegis-flow run`` writes when it, not the master, ended the run."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return raw
+    if not isinstance(doc, dict):
+        return raw
+    return json.dumps({**doc, "stopped_by": by, "stopped_at": now}, sort_keys=True).encode()
+
+
+@dataclass(frozen=True)
+class LastRun:
+    """What the last run of a job left: ``none`` (nothing stored), ``ended`` (a terminal
+    phase: Succeed, Failed — a stop included —, Independent), ``interrupted`` (a live phase:
+    the run was stopped or killed mid-job; it can be resumed), ``damaged`` (a document the
+    master cannot resume from) or ``unreadable`` (its store could not be read at all)."""
+
+    kind: str
+    phase: str = ""  # the stored phase ("" when none or damaged)
+    why: str = ""  # a damaged document's damage, or who stopped the run
+    workers: int = 0  # the stored number of workers
+    raw: bytes | None = None
+
+    def describe(self) -> str:
+        """"ended in Succeed", "was interrupted in Troubleshooting (stopped by SIGTERM …)"."""
+        if self.kind == "ended":
+            return f"ended ({self.phase})"
+        if self.kind == "interrupted":
+            how = f"stopped by {self.why}" if self.why else "no final record: killed?"
+            return f"was interrupted in {self.phase} ({how})"
+        if self.kind == "damaged":
+            return f"left a damaged status ({self.why})"
+        if self.kind == "unreadable":
+            return f"left a store that cannot be read ({self.why})"
+        return "left nothing"
+
+
+def last_run(raw: bytes | None) -> LastRun:
+    """Classify a stored status document (None: nothing stored)."""
+    if raw is None:
+        return LastRun("none")
+    try:
+        status, doc = decode_doc(raw)
+    except ValueError as exc:
+        return LastRun("damaged", why=str(exc), raw=raw)
+    kind = "ended" if status.phase.terminal else "interrupted"
+    return LastRun(kind, phase=status.phase.value, why=str(doc.get("stopped_by") or ""),
+                   workers=len(status.workers), raw=raw)
