@@ -427,8 +427,18 @@ class LocalJob:
         from aegis_flow.local.status import summary_of, with_stop_note
 
         final = self.state_dir / "status.json"
-        if final.exists():  # the master ended the job and wrote it: that is the record
-            _say(summary_of(final.read_bytes()))
+        if final.exists():  # the master wrote it (its job ended, or it obeyed our SIGTERM)
+            raw = final.read_bytes()
+            try:
+                stopped = "stopped_by" in json.loads(raw)
+            except ValueError:
+                stopped = False
+            if stopped:  # the master's ending, with why it was stopped in the runner's words
+                raw = with_stop_note(raw, self.stopped_by, time.time())
+                tmp = final.with_name("status.json.tmp")
+                tmp.write_bytes(raw)
+                os.replace(tmp, final)
+            _say(summary_of(raw))
             return
         try:
             raw = asyncio.run(read_stored_status(self.url, self.subjects, self._nats_options()))

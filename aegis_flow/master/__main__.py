@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 
 from aegis_flow.argtypes import port, positive_seconds
@@ -124,9 +125,18 @@ def main(argv: list[str] | None = None) -> int:
         except NodeApiError as exc:
             ap.error(str(exc))
     try:
-        return asyncio.run(Master(cfg, security=security, nodes=nodes).run())
+        return asyncio.run(_serve(Master(cfg, security=security, nodes=nodes)))
     except KeyboardInterrupt:
         return 130
+
+
+async def _serve(master: Master) -> int:
+    """Run the master; SIGTERM/SIGINT end it cleanly (its summary, fault log and status file
+    are written; nothing is decided)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, master.request_stop, sig.name)
+    return await master.run()
 
 
 if __name__ == "__main__":

@@ -251,9 +251,12 @@ class Observer:
             self._phase_change(before, after, event, data, now)
         self._gauges(before, after)
 
-    def close(self, summary: str, now: float) -> None:
-        """The job's end: the summary line, and a final metrics snapshot beside the log."""
+    def close(self, summary: str, now: float, *, stopped: bool = False) -> None:
+        """The job's end: the summary line, and a final metrics snapshot beside the log.
+        ``stopped``: the master was stopped (a signal) in a live phase, which ends here."""
         phase = self.status.phase.value if self.status is not None else ""
+        if stopped:
+            self._line("phase_end", now, phase, f"job {phase} ended: the master was stopped")
         self._line("summary", now, phase, summary)
         self._flush()
         if self.faults is not None:

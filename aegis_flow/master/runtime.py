@@ -126,6 +126,7 @@ class Master:
         self.bandwidth: dict[int, float] = {}
         self._timing = bool(os.environ.get("AEGIS_TIMING"))
         self.ready = False  # connected to NATS and the status loaded (/readyz)
+        self.stopped_by = ""  # a signal asked the master to stop (request_stop)
         self.observer: Observer | None = None
         if cfg.observe:
             from aegis_flow.master.observer import make_observer
@@ -135,10 +136,10 @@ class Master:
                                           log_dir=cfg.log_dir)
 
     # -- persistence ------------------------------------------------------------------------
-    def _doc(self) -> bytes:
+    def _doc(self, **extra: Any) -> bytes:
         return encode_doc(self.status, events=list(self.events), stats=dict(self.stats),
                           updated=time.time(), max_retry=self.cfg.max_retry,
-                          tails={str(r): t for r, t in self.tails.items()})
+                          tails={str(r): t for r, t in self.tails.items()}, **extra)
 
     async def _persist(self) -> None:
         if self.store is not None:
@@ -434,6 +435,8 @@ class Master:
                     break
                 if self.status.phase.terminal and self.ended_at is None:
                     self.ended_at = time.monotonic()  # resumed after the end
+                if self.stopped_by:
+                    break
                 await asyncio.sleep(self.cfg.tick)
         except StoreConflict as exc:
             log.error("another master owns job %s: %s", self.cfg.job, exc)
@@ -446,18 +449,28 @@ class Master:
                 await self.security.stop()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.drain(), 2)
-        self._note(summary(self.status))
+        stopped = bool(self.stopped_by) and not self.status.phase.terminal
+        final = summary(self.status) + (f"; stopped by {self.stopped_by}" if stopped else "")
+        self._note(final)
         if self.observer is not None:
-            self.observer.close(summary(self.status), time.time())
+            self.observer.close(final, time.time(), stopped=stopped)
         if http is not None:
             http.stop()
         if self.cfg.status_file:
             tmp = self.cfg.status_file + ".tmp"
             with open(tmp, "wb") as fh:
-                fh.write(self._doc())
+                fh.write(self._doc(**({"stopped_by": self.stopped_by} if self.stopped_by
+                                      else {})))
             os.replace(tmp, self.cfg.status_file)
+        if self.stopped_by and not self.status.phase.terminal:
+            return 143 if self.stopped_by == "SIGTERM" else 130
         return {m.Phase.SUCCEED: 0, m.Phase.FAILED: 1, m.Phase.INDEPENDENT: 3}.get(
             self.status.phase, 1)
+
+    def request_stop(self, by: str) -> None:
+        """A signal: leave the loop and write the ending (summary, fault log, status file)
+        without deciding anything; the stored phase stays what it is."""
+        self.stopped_by = by
 
     def _serve_http(self) -> Any:
         """Start /metrics, /healthz, /readyz, /progress (http.py) if a port was asked for."""
