@@ -428,17 +428,17 @@ class LocalJob:
 
         final = self.state_dir / "status.json"
         if final.exists():  # the master wrote it (its job ended, or it obeyed our SIGTERM)
-            raw = final.read_bytes()
+            written = final.read_bytes()
             try:
-                stopped = "stopped_by" in json.loads(raw)
+                stopped = "stopped_by" in json.loads(written)
             except ValueError:
                 stopped = False
             if stopped:  # the master's ending, with why it was stopped in the runner's words
-                raw = with_stop_note(raw, self.stopped_by, time.time())
+                written = with_stop_note(written, self.stopped_by, time.time())
                 tmp = final.with_name("status.json.tmp")
-                tmp.write_bytes(raw)
+                tmp.write_bytes(written)
                 os.replace(tmp, final)
-            _say(summary_of(raw))
+            _say(summary_of(written))
             return
         try:
             raw = asyncio.run(read_stored_status(self.url, self.subjects, self._nats_options()))
