@@ -158,7 +158,7 @@ def test_design_walkthrough_end_to_end(tmp_path: Path) -> None:
                          # 1. rank 0's training process is killed → T5 (1:0:0)
                          "--inject", "crash:rank=0:after=0.5s:epoch=0",
                          # 2. rank 1's supervisor dies during troubleshooting → T7, T8
-                         "--inject", "die:rank=1:order=troubleshoot:epoch=1",
+                         "--inject", "die:rank=1:order=troubleshoot",
                          # 4. rank 1's command fails → T5 (1:2:1)
                          "--inject", "exit:rank=1:code=3:after=0.5s:epoch=1",
                          # 6. rank 2's command fails → (2:2:3) → T11

@@ -105,8 +105,10 @@ def test_memory_store_compare_and_set() -> None:
     ("exit:rank=0:code=3:after=8", Injection("exit", 0, 8.0, 3)),
     ("crash:rank=2:epoch=all", Injection("crash", 2, 0.0, 1, None)),
     ("die:rank=1:order=troubleshoot:epoch=1", Injection("die", 1, 0.0, 1, 1, "troubleshoot")),
-    ("checkfail:rank=0:fault=container", Injection("checkfail", 0, 0.0, 1, 0, "troubleshoot",
-                                                   "container")),
+    ("checkfail:rank=0:fault=container", Injection("checkfail", 0, 0.0, 1, None,
+                                                   "troubleshoot", "container")),
+    # B10: the README's form fires at the first troubleshoot, whatever its epoch
+    ("die:rank=1:order=troubleshoot", Injection("die", 1, 0.0, 1, None, "troubleshoot")),
 ])
 def test_inject_specs_parse(spec: str, expected: Injection) -> None:
     assert Injection.parse(spec) == expected

@@ -72,7 +72,11 @@ class Injection:
         try:
             rank = int(fields["rank"])
             code = int(fields.get("code", "1"))
-            epoch = None if fields.get("epoch") == "all" else int(fields.get("epoch", "0"))
+            # die/checkfail fire once per job, at the first matching order: any epoch unless
+            # one is named (a troubleshoot order never belongs to epoch 0)
+            default = "all" if kind in ("die", "checkfail") else "0"
+            raw_epoch = fields.get("epoch", default)
+            epoch = None if raw_epoch == "all" else int(raw_epoch)
         except ValueError:
             raise InjectionError(f"{spec!r}: rank, code and epoch must be whole numbers") from None
         if rank < 0 or not 0 <= code <= 255:
