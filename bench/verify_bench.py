@@ -2,7 +2,9 @@
 
 Side effects: prints a table to stdout (and, with ``--markdown``, the same rows as Markdown).
 Not a timed test: run it by hand or with ``make bench``. Times are wall clock and this
-process's CPU time; on a shared machine the CPU column is the steadier one.
+process's CPU time of the exploration (on a shared machine the CPU column is the steadier one),
+then the wall clock of the liveness checks that follow it ("checks s": NoDeadlock ...
+NoEndlessReplacement, which search the cooperative closure beyond the seq bound).
 
     python bench/verify_bench.py             # W=3 R=2, both layers: default key, symmetry, exact
     python bench/verify_bench.py --grid      # W in {2,3,4} x R in {1,2,3}, both layers
@@ -24,7 +26,7 @@ import tables  # bench/tables.py (this script's folder is on sys.path)
 from aegis_flow.verify import Config, verify
 
 HEADER = ("workers", "max_retry", "message layer", "seq bound", "symmetry", "exact", "states",
-          "transitions", "seconds", "cpu s", "states/s", "verdict")
+          "transitions", "seconds", "cpu s", "states/s", "checks s", "verdict")
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ def run(case: Case, max_states: int) -> tuple[str, ...]:
             str(case.seq_bound), "on" if case.symmetry else "off",
             "on" if case.exact else "off", f"{ex.states:,}",
             f"{ex.transitions:,}", f"{ex.seconds:.1f}", f"{ex.cpu_seconds:.1f}", f"{rate:,.0f}",
-            verdict)
+            f"{report.evaluate_seconds:.1f}", verdict)
 
 
 def table(rows: Sequence[tuple[str, ...]], *, markdown: bool) -> str:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from aegis_flow.master.machine import Phase, initial_status
+from aegis_flow.master.machine import CauseClass, ExitCode, Phase, initial_status
 from aegis_flow.master.model import evolve
-from aegis_flow.verify.explorer import canonical
+from aegis_flow.verify.explorer import canonical, cause_kind
 from aegis_flow.verify.tlc import (
     EXIT_LIVENESS,
     EXIT_SAFETY,
@@ -37,7 +37,8 @@ SPEC = SPEC_DIR / "AegisFlow.tla"
 CAP = "ExceedsMaxRetry(r) == r > MaxRetry"
 NO_CAP = "ExceedsMaxRetry(r) == FALSE"
 P0_INVARIANTS = ("ValidPhase", "ValidInnerPhase", "RecoverCountBound", "RetriesBound",
-                 "PhaseConsistency", "WorkerSeqNumBound", "NoDeadlock")
+                 "PhaseConsistency", "WorkerSeqNumBound", "NoDeadlock", "BlameConsistency",
+                 "SymptomChargesNobody")
 
 # --------------------------------------------------------------------------- finding TLC
 
@@ -73,18 +74,30 @@ def test_without_java_the_error_says_what_to_install(monkeypatch: pytest.MonkeyP
 # --------------------------------------------------------------------------- parsing
 
 DUMP = """State 1:
-st = [ phase |-> "RunCommand",
+st = [ phase |-> "Restarting",
   seq |-> 4,
   recoverCount |-> 1,
   shouldQuit |-> FALSE,
+  blame |-> w2,
+  culprit |-> "none",
   w |->
-      ( w2 :> [phase |-> "Succeed", finished |-> TRUE, retries |-> 1, seq |-> 3] @@
-        w1 :> [phase |-> "RunCommand", finished |-> FALSE, retries |-> 1, seq |-> 4] ) ]
+      ( w2 :> [phase |-> "Succeed", finished |-> TRUE, retries |-> 1, seq |-> 3,
+               restarting |-> FALSE, exit |-> "none", flaps |-> 0, hanging |-> TRUE,
+               waiting |-> TRUE, failures |-> 0, cause |-> "symptom", sig |-> FALSE] @@
+        w1 :> [phase |-> "Troubleshooting", finished |-> FALSE, retries |-> 1, seq |-> 4,
+               restarting |-> TRUE, exit |-> "container-restart", flaps |-> 2,
+               hanging |-> FALSE, waiting |-> FALSE, failures |-> 2,
+               cause |-> "container", sig |-> TRUE] ) ]
 
 State 2:
 /\\ st = [phase |-> "Failed", seq |-> 5, recoverCount |-> 3, shouldQuit |-> TRUE,
-  w |-> (w1 :> [phase |-> "Failed", finished |-> FALSE, retries |-> 3, seq |-> 5] @@
-         w2 :> [phase |-> "Failed", finished |-> FALSE, retries |-> 2, seq |-> 5])]
+  blame |-> "none", culprit |-> w1,
+  w |-> (w1 :> [phase |-> "Failed", finished |-> FALSE, retries |-> 3, seq |-> 5,
+                restarting |-> FALSE, exit |-> "none", flaps |-> 0, hanging |-> FALSE,
+                waiting |-> FALSE, failures |-> 1, cause |-> "error", sig |-> FALSE] @@
+         w2 :> [phase |-> "Failed", finished |-> FALSE, retries |-> 2, seq |-> 5,
+                restarting |-> FALSE, exit |-> "none", flaps |-> 0, hanging |-> FALSE,
+                waiting |-> FALSE, failures |-> 0, cause |-> "none", sig |-> FALSE])]
 """
 
 
@@ -95,9 +108,13 @@ def test_values_states_and_the_projection_are_read_as_tlc_prints_them() -> None:
     assert len(states) == 2
     # workers ordered by name, whatever order TLC prints them in
     assert project(states[0]) == (
-        "phase=RunCommand shouldQuit=FALSE recoverCount=1 seq=4 "
-        "inner=<<RunCommand,Succeed>> finished=<<FALSE,TRUE>> retries=<<1,1>> wseq=<<4,3>>")
+        "phase=Restarting shouldQuit=FALSE recoverCount=1 seq=4 "
+        "inner=<<Troubleshooting,Succeed>> finished=<<FALSE,TRUE>> retries=<<1,1>> "
+        "wseq=<<4,3>> restarting=<<TRUE,FALSE>> exit=<<container-restart,none>> "
+        "flaps=<<2,0>> hanging=<<FALSE,TRUE>> waiting=<<FALSE,TRUE>> failures=<<2,0>> "
+        "cause=<<container,symptom>> sig=<<TRUE,FALSE>> blame=1 culprit=-1")
     assert project(states[1]).startswith("phase=Failed shouldQuit=TRUE recoverCount=3 seq=5")
+    assert project(states[1]).endswith("blame=-1 culprit=0")
     with pytest.raises(ValueError, match="cannot read"):
         parse_value("[a |-> ?]")
     # the regular-expression reader of big dumps agrees with the parser
@@ -109,12 +126,34 @@ def test_values_states_and_the_projection_are_read_as_tlc_prints_them() -> None:
 
 def test_the_projection_is_the_explorers_canonical_line() -> None:
     status = initial_status(2, 1)
-    status = evolve(status, phase=Phase.RUNCOMMAND, seq=4, recover_count=1, workers=(
-        evolve(status.workers[0], phase=Phase.RUNCOMMAND, retries=1, seq=4),
-        evolve(status.workers[1], phase=Phase.SUCCEED, finished=True, retries=1, seq=3)))
-    assert canonical(status) == canonical_line(
-        phase="RunCommand", should_quit=False, recover_count=1, seq=4,
-        inner=["RunCommand", "Succeed"], finished=[False, True], retries=[1, 1], wseq=[4, 3])
+    status = evolve(status, phase=Phase.RESTARTING, seq=4, recover_count=1, blame=1,
+                    workers=(
+        evolve(status.workers[0], phase=Phase.TROUBLESHOOTING, retries=1, seq=4, failures=2,
+               restarting=True, exit_code=ExitCode.CONTAINER_RESTART, flaps=2,
+               cause="cuda_error", cause_class=CauseClass.CONTAINER, signature="E@1"),
+        evolve(status.workers[1], phase=Phase.SUCCEED, finished=True, retries=1, seq=3,
+               hanging=True, waiting=True, cause="connection_reset",
+               cause_class=CauseClass.TRANSIENT)))
+    line = canonical_line(
+        phase="Restarting", should_quit=False, recover_count=1, seq=4,
+        inner=["Troubleshooting", "Succeed"], finished=[False, True], retries=[1, 1],
+        wseq=[4, 3], restarting=[True, False], exit=["container-restart", "none"],
+        flaps=[2, 0], hanging=[False, True], waiting=[False, True], failures=[2, 0],
+        cause=["container", "symptom"], sig=[True, False], blame=1, culprit=-1)
+    assert canonical(status) == line == project(parse_states(DUMP)[0])
+
+
+@pytest.mark.parametrize(("cause", "klass", "kind"), [
+    ("", None, "none"), ("error", None, "error"), ("lost", None, "error"),
+    ("cuda_error", CauseClass.CONTAINER, "container"),
+    ("ecc_error", CauseClass.HARDWARE, "hardware"), ("hang", None, "hang"),
+    ("connection_reset", CauseClass.TRANSIENT, "symptom"),
+    ("hardware (hardware, failure 1 on this node)", None, "error"),
+])
+def test_causes_project_to_the_kinds_the_policy_tells_apart(
+        cause: str, klass: CauseClass | None, kind: str) -> None:
+    pod = evolve(initial_status(1, 1).workers[0], cause=cause, cause_class=klass)
+    assert cause_kind(pod) == kind
 
 
 def test_tlc_reports_are_parsed() -> None:

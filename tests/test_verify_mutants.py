@@ -1,23 +1,39 @@
 """Proof that the model checker bites: each test breaks one rule of the real machine (through
-``monkeypatch`` on a module-level helper of ``aegis_flow.master.machine``, which ``step`` calls
-through the module's globals) and expects the matching property to be VIOLATED with a shortest
-counterexample whose last state really violates it.
+``monkeypatch`` on a module-level helper of ``aegis_flow.master.machine`` or a function of
+``aegis_flow.master.policy``, which ``step`` calls through the modules' globals) and expects the
+matching property to be VIOLATED with a shortest counterexample that replays concretely and
+whose last state (or edge, or path) really violates it.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 import aegis_flow.master.machine as machine
-from aegis_flow.master.machine import ExitCode, Log, Phase, PodInfo, Status
-from aegis_flow.verify import Config, Kind, Report, Verdict, verify
+from aegis_flow.master import policy
+from aegis_flow.master.machine import (
+    CauseClass,
+    Error,
+    FaultClass,
+    HangWithQuit,
+    Log,
+    Order,
+    Phase,
+    PodInfo,
+    Status,
+)
+from aegis_flow.verify import Config, Kind, Report, TraceStep, Verdict, verify
+from aegis_flow.verify.environment import COOPERATIVE, SYMPTOM_CODES
+from aegis_flow.verify.explorer import policy_replacement
 from aegis_flow.verify.properties import (
     INVARIANTS,
     TRANSITION_INVARIANTS,
 )
 from aegis_flow.verify.report import render_text
+from aegis_flow.vocab import PHASE_OF_ORDER
 
 STATE_CHECKS = dict(INVARIANTS)
 EDGE_CHECKS = dict(TRANSITION_INVARIANTS)
@@ -132,18 +148,16 @@ def test_a_worker_that_never_returns_deadlocks_the_job(monkeypatch: pytest.Monke
 
 def test_without_the_flap_guard_recovery_can_loop_forever(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    def replace_never_counted(status: Status, rank: int, cause: str, row: str, *,
-                              exit_code: ExitCode | None = None) -> machine.Result:
-        pod = status.workers[rank]
-        if exit_code is ExitCode.NODE_FAULT and pod.node:
-            status = replace(status, error_nodes=status.error_nodes | {pod.node})
-        pod = replace(pod, restarting=True, flaps=min(pod.flaps + 1, status.flap_limit),
-                      last_reason=cause, exit_code=exit_code, hanging=False)
-        status = machine._set(status, pod)
-        if status.phase is Phase.RESTARTING:
-            return status, [Log(f"{row}: rank {rank} replaced", transition=row)]
-        return machine._broadcast(status, Phase.RESTARTING, row, f"{row}: rank {rank}",
-                                  keep_restarting_phase=True)
+    original = machine._replace_worker
+
+    def replace_never_counted(status: Status, rank: int, cause: str, row: str,
+                              **kwargs: Any) -> machine.Result:
+        """The real replacement, with a flap limit it never reaches (flaps still saturate)."""
+        limit = status.flap_limit
+        new, effects = original(replace(status, flap_limit=10**9), rank, cause, row, **kwargs)
+        workers = tuple(p if p.flaps <= limit else replace(p, flaps=limit)
+                        for p in new.workers)
+        return replace(new, flap_limit=limit, workers=workers), effects
 
     monkeypatch.setattr(machine, "_replace_worker", replace_never_counted)
     report = verify(Config(workers=2, max_retry=1, seq_bound=3))
@@ -196,3 +210,147 @@ def test_a_worker_seq_beyond_the_master_is_caught_without_it_in_the_key(
     assert not report.config.exact
     verdict = violated(report, "WorkerSeqNumBound")
     assert_last_state_violates(verdict)
+
+
+# --------------------------------------------------------------------------- the recovery policy
+# Each test breaks one rule of ``master/policy.py`` (which ``step`` calls through the module) or
+# the machine's use of it, and expects the policy property that states the rule to fail.
+
+POLICY_MODEL = Config(workers=2, max_retry=2, seq_bound=4, symmetry=True)
+
+
+def _replacements(steps: list[TraceStep]) -> list[tuple[int, int]]:
+    """(step index, rank) of every policy-ordered replacement along a trace: a passing Finish
+    whose step told its sender to exit."""
+    out = []
+    for before, after in zip(steps, steps[1:], strict=False):
+        assert after.event is not None
+        _, effects = machine.step(before.status, after.event)
+        rank = policy_replacement(after.event, effects)
+        if rank is not None:
+            out.append((after.index, rank))
+    return out
+
+
+def test_an_unanswered_failure_loops_through_l2_until_the_job_fails(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """V3 removed (``answered`` keeps the open failure): the old "L2 loop". A rank whose run
+    died with a container cause is restarted (T10c), comes back as a new container still
+    carrying the cause, is judged L2 again... until the flap guard counts and T11 fails the
+    job, although the world cooperated after the one failure."""
+    monkeypatch.setattr(policy, "answered", lambda pod, *, new_node: pod)
+    report = verify(POLICY_MODEL)
+    verdict = violated(report, "FlakyRankRecovers")
+    last = verdict.trace[-1].status
+    assert last.phase is Phase.FAILED
+    # one counted failure (a container cause), then only cooperative events
+    faults = [st for st in verdict.trace[1:] if st.kind not in COOPERATIVE]
+    assert len(faults) == 1 and isinstance(faults[-1].event, Error)
+    assert faults[-1].event.klass is CauseClass.CONTAINER
+    ranks = {rank for _, rank in _replacements(verdict.trace)}
+    assert len(ranks) == 1 and len(_replacements(verdict.trace)) > report.config.flap_limit
+    # the same mutant replaces that rank twice without a run in between
+    twice = violated(report, "NoEndlessReplacement")
+    _assert_replaced_twice(twice)
+
+
+def _assert_replaced_twice(verdict: Verdict) -> None:
+    hits = _replacements(verdict.trace)
+    assert len(hits) >= 2 and hits[-1][1] == hits[-2][1]
+    between = verdict.trace[hits[-2][0]:hits[-1][0]]
+    assert all(st.status.phase is not Phase.RUNCOMMAND for st in between)
+    assert all(st.kind in COOPERATIVE for st in verdict.trace[hits[-2][0]:])
+
+
+def test_the_real_policy_answers_a_failure_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: the same model with the real policy."""
+    report = verify(POLICY_MODEL)
+    for name in ("FlakyRankRecovers", "NoEndlessReplacement", "BlameIsEvidence",
+                 "OrdersAreStable"):
+        assert report.verdict(name).holds is True, render_text(report)
+    assert "cooperative closure" in report.verdict("FlakyRankRecovers").note
+
+
+def test_a_verdict_that_forgets_the_answer_replaces_a_rank_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """V2 broken: any rank that ever failed on its node is judged L2, answered or not."""
+    real = policy.verdict
+
+    def always_container(status: Status, pod: PodInfo,
+                         checks: FaultClass | None) -> FaultClass | None:
+        return FaultClass.CONTAINER if pod.failures >= 1 else real(status, pod, checks)
+
+    monkeypatch.setattr(policy, "verdict", always_container)
+    verdict = violated(verify(POLICY_MODEL), "NoEndlessReplacement")
+    _assert_replaced_twice(verdict)
+
+
+def test_a_symptom_taken_for_a_cause_charges_the_wrong_rank(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """B1 removed: a surviving rank that saw a connection reset is charged for its peer."""
+    monkeypatch.setattr(policy, "is_symptom", lambda code: False)
+    verdict = violated(verify(POLICY_MODEL), "BlameIsEvidence")
+    before, after = verdict.trace[-2], verdict.trace[-1]
+    assert after.kind is Kind.SYMPTOM and isinstance(after.event, Error)
+    assert after.event.code in SYMPTOM_CODES
+    assert sum(after.status.retries) > sum(before.status.retries)
+    assert_last_edge_violates(verdict)
+
+
+def test_a_late_symptom_is_never_evidence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """B2 broken: the late report of the last run is charged even when it is a symptom."""
+    real = machine._on_evidence
+
+    def evidence_of_anything(status: Status, ev: Error | HangWithQuit) -> machine.Result:
+        if isinstance(ev, HangWithQuit):
+            ev = replace(ev, waiting=False)
+        else:
+            ev = replace(ev, code="")
+        return real(status, ev)
+
+    monkeypatch.setattr(machine, "_on_evidence", evidence_of_anything)
+    verdict = violated(verify(POLICY_MODEL), "BlameIsEvidence")
+    assert verdict.trace[-1].kind is Kind.SYMPTOM
+    assert verdict.trace[-2].status.blame >= 0  # a suspect was pending
+    assert_last_edge_violates(verdict)
+
+
+def _order_changed_within_a_seq(verdict: Verdict) -> None:
+    before, after = verdict.trace[-2].status, verdict.trace[-1].status
+    assert before.seq == after.seq
+    order, _ = machine.current_order(before)
+    assert order is not None
+    assert policy.order_data(after, order, before.seq) != policy.order_data(before, order,
+                                                                             before.seq)
+    assert_last_edge_violates(verdict)
+
+
+def test_an_order_that_reads_the_live_recover_count_is_not_stable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``restart_count`` from recoverCount instead of the epoch the order was made in: a
+    counted failure within the same seq (B2 evidence, a counted flap) changes a re-send."""
+    real = policy.order_data
+
+    def live_count(status: Status, order: Order, seq: int) -> dict[str, object]:
+        return {**real(status, order, seq), "restart_count": status.recover_count}
+
+    monkeypatch.setattr(policy, "order_data", live_count)
+    _order_changed_within_a_seq(violated(verify(POLICY_MODEL), "OrdersAreStable"))
+
+
+def test_an_order_whose_plan_is_recomputed_is_not_stable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks of a round recomputed from the live status instead of the stored plan: B2
+    settles the blame within the seq, the collective checks disappear from a re-send."""
+    real = policy.order_data
+
+    def live_plan(status: Status, order: Order, seq: int) -> dict[str, object]:
+        data = real(status, order, seq)
+        if "checks" in data:
+            data["checks"] = list(policy.plan(status, PHASE_OF_ORDER[order]))
+        return data
+
+    monkeypatch.setattr(policy, "order_data", live_plan)
+    verdict = violated(verify(POLICY_MODEL), "OrdersAreStable")
+    _order_changed_within_a_seq(verdict)
+    assert verdict.trace[-2].status.blame >= 0 > verdict.trace[-1].status.blame

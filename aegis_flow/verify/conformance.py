@@ -1,8 +1,10 @@
 """Do the TLA+ spec and the Python machine reach the same states?
 
 For one ``Config`` both sides enumerate their reachable states, projected onto the variables
-they share — phase, shouldQuit, recoverCount, the master's seq, and per worker the inner
-phase, finished, retries and seq (``explorer.canonical``): the code by ``explore(dump=True)``
+they share — phase, shouldQuit, recoverCount, the master's seq, per worker the inner phase,
+finished, retries and seq, and the recovery policy's variables: per worker its failures, the
+kind of its open cause and whether its last failure had a signature, and the suspect (blame)
+and culprit (``explorer.canonical``): the code by ``explore(dump=True)``
 over the real ``machine.step``, the spec by TLC's ``-dump``. Equal sets: conformance. On a
 difference, ``first_difference`` finds the shallowest differing state and a shortest trace to
 it: on the code side by a breadth-first replay of ``step``, on the spec side by asking TLC for
@@ -27,6 +29,7 @@ from .environment import events
 from .explorer import Config, Encoder, canonical, dump_lines, explore
 from .report import describe_event
 from .tlc import (
+    POD_FIELDS,
     SPEC_DIR,
     SPEC_NAME,
     TlcFailed,
@@ -41,7 +44,8 @@ from .tlc import dump_lines as tlc_dump_lines
 
 #: What TLC checks while it enumerates the states for a comparison.
 CONFORMANCE_INVARIANTS = ("ValidPhase", "ValidInnerPhase", "RecoverCountBound", "RetriesBound",
-                          "PhaseConsistency", "WorkerSeqNumBound")
+                          "PhaseConsistency", "WorkerSeqNumBound", "BlameConsistency",
+                          "SymptomChargesNobody")
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,9 @@ def config_from_cfg(cfg_text: str) -> Config:
         return Config(workers=len([w for w in workers if w.strip()]),
                       max_retry=int(consts["MaxRetry"]), flap_limit=int(consts["FlapLimit"]),
                       message_layer=consts["MessageLayer"] == "TRUE",
-                      seq_bound=int(consts["SeqBound"]), symmetry=False)
+                      seq_bound=int(consts["SeqBound"]), symmetry=False,
+                      l2_after=int(consts["L2After"]), l3_after=int(consts["L3After"]),
+                      give_up_on_repeat=consts["GiveUpOnRepeat"] == "TRUE")
     except (KeyError, ValueError) as exc:
         raise ValueError(f"not a configuration of {SPEC_NAME}: {exc}") from exc
 
@@ -110,13 +116,17 @@ def config_from_cfg(cfg_text: str) -> Config:
 def spec_cfg(config: Config, *, liveness: bool = False) -> str:
     """The TLC configuration of ``spec/AegisFlow.tla`` with the constants of ``config``.
 
-    ``liveness`` checks under ``FairSpec`` and adds NoDeadlock and Termination (slower)."""
+    ``liveness`` checks under ``FairSpec`` and adds NoDeadlock and Termination (slower). The
+    policy's settings go along, but ``collective_after``: it only shapes an order's plan, which
+    the spec does not model."""
     invariants = CONFORMANCE_INVARIANTS + (("NoDeadlock",) if liveness else ())
     return render_cfg(workers=config.workers, max_retry=config.max_retry,
                       flap_limit=config.flap_limit, message_layer=config.message_layer,
                       seq_bound=config.seq_bound, invariants=invariants,
                       properties=("MasterSeqNumMonotonic", "Termination") if liveness else (),
-                      specification="FairSpec" if liveness else "Spec")
+                      specification="FairSpec" if liveness else "Spec",
+                      l2_after=config.l2_after, l3_after=config.l3_after,
+                      give_up_on_repeat=config.give_up_on_repeat)
 
 
 def spec_states(config: Config, *, cfg_text: str | None = None, liveness: bool = False,
@@ -213,12 +223,14 @@ def _probe_module(workers: int, targets: list[str]) -> str:
     names = [f"w{i + 1}" for i in range(workers)]
     order = ", ".join(names)
     n = len(names)
-    cols = ", ".join(f"[i \\in 1..{n} |-> s.w[Order[i]].{f}]"
-                     for f in ("phase", "finished", "retries", "seq"))
+    cols = ", ".join(f"[i \\in 1..{n} |-> s.w[Order[i]].{f}]" for _, f, _ in POD_FIELDS)
     target_set = ",\n    ".join(line_to_tla(t) for t in targets)
     return (f"---- MODULE {SPEC_NAME}Probe ----\nEXTENDS {SPEC_NAME}\n"
             f"CONSTANTS {order}\nOrder == <<{order}>>\n"
-            f"Line(s) == <<s.phase, s.shouldQuit, s.recoverCount, s.seq, {cols}>>\n"
+            f"RankOf(x) == IF x = \"none\" THEN -1 ELSE CHOOSE i \\in 0..{n - 1} : "
+            f"Order[i + 1] = x\n"
+            f"Line(s) == <<s.phase, s.shouldQuit, s.recoverCount, s.seq, {cols}, "
+            f"RankOf(s.blame), RankOf(s.culprit)>>\n"
             f"Targets == {{\n    {target_set}}}\n"
             f"NotReached == Line(st) \\notin Targets\n====\n")
 
@@ -236,7 +248,9 @@ def spec_trace(config: Config, targets: list[str], *, spec: Path | None = None,
         cfg = render_cfg(workers=config.workers, max_retry=config.max_retry,
                          flap_limit=config.flap_limit, message_layer=config.message_layer,
                          seq_bound=config.seq_bound, invariants=("NotReached",),
-                         extra_constants=[f"{w} = {w}" for w in names])
+                         extra_constants=[f"{w} = {w}" for w in names],
+                         l2_after=config.l2_after, l3_after=config.l3_after,
+                         give_up_on_repeat=config.give_up_on_repeat)
         result = run_tlc(probe, cfg, timeout=timeout, extra_modules=[spec])
     if result.violated_invariant != "NotReached" or not result.trace:
         return None

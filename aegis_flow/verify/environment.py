@@ -2,8 +2,9 @@
 
 PURE. No I/O: ``events(status, message_layer=...)`` looks at a status and returns the events the
 workers, the runtime's timers and an operator could produce next, each tagged with its kind so
-that the transition properties know what to expect from ``step`` (a duplicate must be ignored, a
-stale message rejected...).
+that the properties know what to expect from ``step`` (a duplicate must be ignored, a stale
+message rejected, a peer symptom must charge nobody...) and which events a *cooperating* world
+produces (the subgraph FlakyRankRecovers and NoEndlessReplacement walk).
 
 Without the message layer every worker message carries the master's current seq: messages are
 never lost, duplicated or delayed (a lost message is just an event that has not happened yet).
@@ -11,8 +12,17 @@ With it, the environment also re-delivers old messages: heartbeats that answer a
 worker's last reported one up to the current one (how a worker that missed an order is re-sent
 it), duplicates of the last processed Finish/Error, and stale Finish/Error of the previous round.
 
+Failures carry a cause, as the supervisor's log classifier reports it (``CAUSES``): an unknown
+one (no code: transient, escalated by repetition), a container cause, a hardware cause, a user
+exception with a signature (the same signature twice in a row on one rank is R1/T16; a repeat
+follows from the graph, since the same event is offered again), and a peer symptom (B1). Hangs
+say whether the process sleeps (``waiting``: a symptom) or not. While a suspect is pending
+(``status.blame >= 0``) every other rank that has not reported for the last run order
+(``status.run_seq``) may still deliver that report late: the evidence of B2.
+
 Incarnations are "0" and "1": only their equality matters to the machine, so a new incarnation of
-a worker is simply the other one, and a worker acking in Pending uses "0".
+a worker is simply the other one, and a worker acking in Pending uses "0". Signatures are the same
+string for every rank, so the environment stays symmetric in the ranks.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from functools import cache
 
 from aegis_flow.master.machine import (
     Ack,
+    CauseClass,
     ConnectTimeout,
     Error,
     Event,
@@ -39,17 +50,50 @@ from aegis_flow.master.machine import (
 
 
 class Kind(enum.Enum):
-    """Why the environment produced an event; the transition properties key on it."""
+    """Why the environment produced an event; the properties key on it.
 
-    NORMAL = "normal"  # a first delivery of something that happened
+    NORMAL, COOPERATIVE and SYMPTOM are first deliveries: COOPERATIVE is what a world without
+    faults does (a check round passes, a worker acks, a replaced worker comes back), SYMPTOM a
+    report that only shows a *peer* failed (a peer-symptom cause, a hang of a sleeping process),
+    NORMAL everything else (a failure, a loss, an unsolicited new pod, late evidence, the
+    connect timeout)."""
+
+    NORMAL = "normal"  # a first delivery of a fault (or the connect timeout)
+    COOPERATIVE = "cooperative"  # a first delivery of what a fault-free world does
+    SYMPTOM = "symptom"  # a first delivery of a peer symptom (B1): charges nobody
     HEARTBEAT = "heartbeat"  # a same-incarnation Ack answering some seq (message layer)
     DUPLICATE = "duplicate"  # the last processed Finish/Error, delivered again
     STALE = "stale"  # a Finish/Error from the previous round (seq - 1)
     STOP = "stop"  # an operator stops the job (T12)
 
 
+#: first deliveries
+FIRST = frozenset({Kind.NORMAL, Kind.COOPERATIVE, Kind.SYMPTOM})
+#: the edges of a cooperating world (FlakyRankRecovers, NoEndlessReplacement)
+COOPERATIVE = frozenset({Kind.COOPERATIVE, Kind.HEARTBEAT})
+
 STOP_REASON = "operator"
 FIRST_INCARNATION = "0"
+
+
+class Cause(enum.Enum):
+    """The causes a failed process reports (``Error``'s cause, code, class, signature)."""
+
+    UNKNOWN = ("error", "", None, "")  # no rule matched: transient, escalated by repetition
+    USER = ("error", "", None, "E@1")  # a Python exception at step 1: R1 when repeated
+    CONTAINER = ("cuda_error", "cuda_error", CauseClass.CONTAINER, "")  # D7: L2
+    HARDWARE = ("ecc_error", "ecc_error", CauseClass.HARDWARE, "")  # D6: L3
+    SYMPTOM = ("connection_reset", "connection_reset", CauseClass.TRANSIENT, "")  # B1
+
+    @property
+    def symptom(self) -> bool:
+        return self is Cause.SYMPTOM
+
+
+CAUSES: tuple[Cause, ...] = tuple(Cause)
+#: the cause codes this environment sends as peer symptoms (vocab.PEER_SYMPTOM_CAUSES has them;
+#: the properties read this list, not the policy's ``is_symptom``, so a broken policy is seen)
+SYMPTOM_CODES = frozenset({Cause.SYMPTOM.value[1]})
 
 _RECOVERY = (Phase.BOOTCHECKING, Phase.TROUBLESHOOTING)
 _STOP = Stop(STOP_REASON)
@@ -69,8 +113,9 @@ def _finish(w: int, seq: int, ok: bool, fault: FaultClass | None = None) -> Fini
 
 
 @cache
-def _error(w: int, seq: int) -> Error:
-    return Error(w, seq, "error")
+def _error(w: int, seq: int, cause: Cause = Cause.UNKNOWN) -> Error:
+    text, code, klass, signature = cause.value
+    return Error(w, seq, text, code=code, klass=klass, signature=signature)
 
 
 @cache
@@ -79,8 +124,8 @@ def _lost(w: int) -> Lost:
 
 
 @cache
-def _hang(w: int, seq: int, quit_: bool) -> Hang | HangWithQuit:
-    return HangWithQuit(w, seq) if quit_ else Hang(w, seq)
+def _hang(w: int, seq: int, quit_: bool, waiting: bool = False) -> Hang | HangWithQuit:
+    return HangWithQuit(w, seq, waiting) if quit_ else Hang(w, seq, waiting)
 
 
 def other_incarnation(incarnation: str | None) -> str:
@@ -99,31 +144,33 @@ def events(status: Status, *, message_layer: bool) -> list[tuple[Kind, Event]]:
     out: list[tuple[Kind, Event]] = []
     for pod in status.workers:
         out.extend(_worker_events(status, pod, message_layer))
+        if status.blame >= 0 and pod.rank != status.blame:
+            out.extend(_late_evidence(status, pod))
         if message_layer:
             out.extend(_message_layer_events(status, pod))
     if phase is Phase.PENDING:
         out.append((Kind.NORMAL, _TIMEOUT))
     out.append((Kind.STOP, _STOP))
-    # only re-deliveries can repeat a first delivery (a heartbeat equal to a returning Ack)
+    # only re-deliveries can repeat a first delivery (a heartbeat equal to a returning Ack...)
     return _unique(out) if message_layer else out
 
 
 def _worker_events(status: Status, pod: PodInfo, message_layer: bool) -> list[tuple[Kind, Event]]:
     """First deliveries of what one worker can do in the current phase (current seq)."""
     phase, seq, w = status.phase, status.seq, pod.rank
-    n = Kind.NORMAL
+    n, c = Kind.NORMAL, Kind.COOPERATIVE
     # A replacement pod has heard no order yet: with the message layer its Ack answers seq 0.
     new_pod = _ack(w, other_incarnation(pod.incarnation), 0 if message_layer else seq)
     if phase is Phase.PENDING:
         if pod.incarnation is None:
-            return [(n, _ack(w, FIRST_INCARNATION, seq))]
-        return [(n, Lost(w))]
+            return [(c, _ack(w, FIRST_INCARNATION, seq))]
+        return [(n, _lost(w))]
     if pod.restarting:  # only in Restarting: it comes back as a new pod or as the same one
-        return [(n, new_pod), (n, _ack(w, pod.incarnation or FIRST_INCARNATION, seq))]
+        return [(c, new_pod), (c, _ack(w, pod.incarnation or FIRST_INCARNATION, seq))]
     if phase in _RECOVERY:
         out: list[tuple[Kind, Event]] = []
         if not pod.finished:
-            out.append((n, _finish(w, seq, True)))
+            out.append((c, _finish(w, seq, True)))
             out.append((n, _finish(w, seq, False, FaultClass.HARDWARE)))
             if phase is Phase.TROUBLESHOOTING:
                 out.append((n, _finish(w, seq, False, FaultClass.CONTAINER)))
@@ -132,13 +179,31 @@ def _worker_events(status: Status, pod: PodInfo, message_layer: bool) -> list[tu
     if phase is Phase.RUNCOMMAND:
         if pod.finished:  # it may exit: neither its loss nor its new pod is a failure (T6)
             return [(n, _lost(w)), (n, new_pod)]
-        out = [(n, _finish(w, seq, True)), (n, _error(w, seq))]
-        if not pod.hanging:
-            out.append((n, _hang(w, seq, False)))
-        out += [(n, _hang(w, seq, True)), (n, _lost(w)), (n, new_pod)]
+        out = [(c, _finish(w, seq, True))]
+        out += [(Kind.SYMPTOM if cause.symptom else n, _error(w, seq, cause)) for cause in CAUSES]
+        for waiting in (False, True):  # T13 marks (idempotent: not offered again)
+            if not (pod.hanging and pod.waiting == waiting):
+                out.append((Kind.SYMPTOM if waiting else n, _hang(w, seq, False, waiting)))
+        out += [(n, _hang(w, seq, True, False)), (Kind.SYMPTOM, _hang(w, seq, True, True)),
+                (n, _lost(w)), (n, new_pod)]
         return out
     # Restarting, a worker that is not being replaced: it can still be lost or replaced.
     return [(n, _lost(w)), (n, new_pod)]
+
+
+def _late_evidence(status: Status, pod: PodInfo) -> list[tuple[Kind, Event]]:
+    """B2: a rank other than the suspect reports the last run's failure late (first delivery:
+    it has reported neither an Error nor its success for ``run_seq``): every cause, and hang
+    reports."""
+    run = status.run_seq
+    if run < 0 or pod.error_seq == run or pod.finish_seq == run:
+        return []
+    w = pod.rank
+    out: list[tuple[Kind, Event]] = [
+        (Kind.SYMPTOM if cause.symptom else Kind.NORMAL, _error(w, run, cause))
+        for cause in CAUSES]
+    out += [(Kind.NORMAL, _hang(w, run, True, False)), (Kind.SYMPTOM, _hang(w, run, True, True))]
+    return out
 
 
 def _message_layer_events(status: Status, pod: PodInfo) -> list[tuple[Kind, Event]]:
@@ -156,12 +221,18 @@ def _message_layer_events(status: Status, pod: PodInfo) -> list[tuple[Kind, Even
         out.append((Kind.DUPLICATE, _finish(w, seq, ok, fault)))
     if pod.error_seq == seq:
         out.append((Kind.DUPLICATE, _error(w, seq)))
+    # the suspect's own peer-symptom report of the last run, again (B2 path: a duplicate)
+    run = status.run_seq
+    if status.blame == w and 0 <= run < seq and pod.error_seq == run:
+        out.append((Kind.DUPLICATE, _error(w, run, Cause.SYMPTOM)))
     if seq > 0:
         out += [
             (Kind.STALE, _finish(w, seq - 1, True)),
             (Kind.STALE, _finish(w, seq - 1, False, FaultClass.HARDWARE)),
-            (Kind.STALE, _error(w, seq - 1)),
         ]
+        # an Error answering the last run while a suspect is pending is evidence, not stale
+        if not (status.blame >= 0 and seq - 1 == run):
+            out.append((Kind.STALE, _error(w, seq - 1)))
     return out
 
 
@@ -178,4 +249,5 @@ def _unique(pairs: list[tuple[Kind, Event]]) -> list[tuple[Kind, Event]]:
     return out
 
 
-__all__ = ["FIRST_INCARNATION", "Kind", "STOP_REASON", "events", "other_incarnation"]
+__all__ = ["CAUSES", "COOPERATIVE", "FIRST", "FIRST_INCARNATION", "SYMPTOM_CODES", "Cause",
+           "Kind", "STOP_REASON", "events", "other_incarnation"]

@@ -7,21 +7,43 @@ invariant, and parent pointers from which ``trace`` rebuilds a shortest countere
 replaying ``step`` from the initial status.
 
 The visited set is keyed by a COMPACT encoding of each status: every worker becomes a small
-interned integer, and the status one Python int. The encoding drops what no decision of the
-machine reads (sound, see docs/verification.md):
+interned integer, and the status one Python int. The key keeps every field a decision of the
+machine, of its policy (``master/policy.py``) or of the environment reads, and drops only what
+none of them reads (sound, see docs/verification.md):
 
-* ``last_reason`` (written, never read by a decision), ``updated``/``pod_ip`` (constant here);
-* ``finish_seq``/``error_seq`` become "equals the master's seq": a Finish/Error whose seq is not
-  the current one is rejected as stale or future before dedup looks at them, and the master's
-  seq never decreases (MasterSeqNumMonotonic and StaleFinishRejected check both);
+* ``last_reason`` (written, and copied into the text of a charge, never tested),
+  ``updated``/``pod_ip``/``node`` and the status's ``sent_at`` (constant here: ``now`` is 0);
+* ``finish_seq``/``error_seq`` become "equals the master's seq" and "equals ``run_seq``": a
+  Finish/Error whose seq is neither is rejected as stale or future before dedup looks at them
+  (the one exception to "stale", late evidence of B2, answers exactly ``run_seq``), the
+  environment offers late evidence only to a rank whose results do not answer ``run_seq``, and
+  the master's seq never decreases (MasterSeqNumMonotonic and StaleFinishRejected check both);
+* ``run_seq`` itself, and the "equals ``run_seq``" bits, only while a suspect is pending
+  (``blame >= 0``): nothing else reads them, a suspect is named only in RunCommand, and entering
+  RunCommand overwrites ``run_seq`` with the new seq (newer than every result) — without a
+  suspect their values are dead until overwritten (``Encoder.key``);
+* each worker's last reported seq unless ``exact`` (read only to choose re-sends, effects; and
+  by WorkerSeqNumBound, which is then checked on every successor: see ``explore``);
 * ``error_nodes`` and ``stop_reason``: the quarantine set is written by T3/T10 and read by no
   decision of ``step`` (only the runtime acts on its Quarantine effect), and ``stop_reason`` is
   set only on the way into Failed;
+* ``blame`` and ``culprit`` (ranks) become a bit of the worker they name, so that symmetry can
+  permute workers without losing who is suspected or charged;
 * a terminal status keeps only what the invariants and the dump read (see ``Encoder``).
+
+Everything else is kept as it is: per worker its phase, finished, retries, restarting, whether
+it acked, flaps, hang marks (``hanging``, ``waiting``), the exit it was told to make, failures,
+the open cause (code and class) and the signature; per status phase, seq, recoverCount,
+shouldQuit, ran, checkpoint_step, ``replaced``, ``plan``, ``epoch`` and the policy's settings.
+``tests/test_verify.py`` shows on concrete runs that each dropped field merges exactly the
+states it should (same verdicts, and the finer exploration re-keyed gives the coarser one).
 
 With ``symmetry`` the key also forgets which worker is which (the per-worker codes are sorted) and
 which incarnation name a worker carries ("0"/"1" are compared only for equality), keeping only
-whether it has acked. Statuses are kept only for the frontier.
+whether it has acked. That is exact as long as ``step`` treats ranks alike; its one rank-order
+tie-break (T14: of two ranks marked hung, the lower is charged) separates no permutations within
+the bounds ``tests/test_verify.py`` checks (docs/verification.md). Statuses are kept only for the
+frontier.
 """
 
 from __future__ import annotations
@@ -31,20 +53,25 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from operator import le
 
 from aegis_flow.master.machine import (
     TERMINAL_PHASES,
+    Ack,
+    CauseClass,
     Effect,
     Event,
+    ExitCode,
+    ExitWorker,
+    Finish,
     Phase,
     PodInfo,
     Status,
+    evolve,
     initial_status,
     step,
 )
 
-from .environment import Kind, events
+from .environment import COOPERATIVE, SYMPTOM_CODES, Kind, events, other_incarnation
 
 #: A state invariant: name and predicate (True = holds).
 StateCheck = tuple[str, Callable[[Status], bool]]
@@ -61,7 +88,8 @@ class StateLimitExceeded(RuntimeError):
 
 @dataclass(frozen=True)
 class Config:
-    """One model: the job's size and how much of the environment to model."""
+    """One model: the job's size, the policy's settings and how much of the environment to
+    model."""
 
     workers: int = 3
     max_retry: int = 2
@@ -71,22 +99,30 @@ class Config:
     symmetry: bool = False
     exact: bool = False  # keep every worker's reported seq in the key (what a dump needs)
     max_states: int = 5_000_000
+    # the recovery policy's settings (``initial_status``; their defaults)
+    give_up_on_repeat: bool = True
+    l2_after: int = 2
+    l3_after: int = 3
+    collective_after: int = 2
 
     def initial(self) -> Status:
         nodes = tuple(f"n{r}" for r in range(self.workers))
         return initial_status(self.workers, self.max_retry, flap_limit=self.flap_limit,
-                              nodes=nodes)
+                              nodes=nodes, give_up_on_repeat=self.give_up_on_repeat,
+                              l2_after=self.l2_after, l3_after=self.l3_after,
+                              collective_after=self.collective_after)
 
 
 class Encoder:
     """Status → compact int key, interning each worker's tuple as a small integer.
 
     Live and terminal statuses are keyed differently. A live status keeps everything a decision
-    of ``step`` or of the environment reads. A terminal status has no future: only what the
-    state invariants and the canonical dump read is kept (phases, finished, retries, restarting,
-    seqs, recoverCount, shouldQuit), so the many Failed statuses that differ only in flap
-    counters, exit codes or hang marks are one state. Live and terminal tuples have different
-    lengths, so their codes never collide.
+    of ``step`` (its policy included) or of the environment reads. A terminal status has no
+    future: only what the state invariants and the canonical dump read is kept (phases,
+    finished, retries, restarting, seqs, recoverCount, shouldQuit; with ``exact``, for the
+    dump, every variable of ``canonical``), so the many Failed statuses that differ only in flap
+    counters, exit codes, hang marks or failure history are one state. Live and terminal tuples have
+    different lengths, so their codes never collide.
     """
 
     def __init__(self, *, symmetry: bool, exact: bool = True) -> None:
@@ -95,12 +131,22 @@ class Encoder:
         self._pods: dict[tuple[object, ...], int] = {}
         self._heads: dict[tuple[object, ...], int] = {}
 
-    def pod_code(self, pod: PodInfo, seq: int) -> int:
+    def pod_code(self, pod: PodInfo, status: Status) -> int:
+        seq, blame = status.seq, status.blame
+        fs, es, r = pod.finish_seq, pod.error_seq, pod.rank
+        # answers the last run order: read only while a suspect is pending (see ``key``)
+        run = status.run_seq if blame >= 0 else -2
         t = (pod.phase._value_, pod.finished, pod.retries, pod.restarting,
              pod.incarnation is None, pod.seq if self.exact else -1,
-             pod.finish_seq == seq, pod.error_seq == seq, pod.flaps, pod.hanging,
-             pod.exit_code)
+             fs == seq, fs == run, es == seq, es == run, pod.flaps, pod.hanging, pod.waiting,
+             pod.exit_code, pod.failures, pod.cause, pod.cause_class, pod.signature,
+             r == blame, r == status.culprit)
         return self._intern(t)
+
+    def mark(self, code: int) -> int:
+        """The code of a worker ``code`` that carries a mark (NoEndlessReplacement's tracked
+        rank): a distinct code, so the mark survives the sorting of symmetry."""
+        return self._intern(("marked", code))
 
     def _intern(self, t: tuple[object, ...]) -> int:
         code = self._pods.get(t)
@@ -111,9 +157,17 @@ class Encoder:
         return code
 
     def key(self, status: Status, codes: Sequence[int]) -> int:
-        """The key of a live status from its workers' ``codes`` (see ``codes``)."""
-        h = (status.phase._value_, status.seq, status.recover_count, status.should_quit,
-             status.ran, status.checkpoint_step)
+        """The key of a live status from its workers' ``codes`` (see ``codes``).
+
+        ``run_seq`` (and whether a worker's results answer it) is kept only while a suspect is
+        pending: it is read only then (late evidence, B2), a suspect is named only in
+        RunCommand, and entering RunCommand overwrites ``run_seq`` with the new seq, newer than
+        every result: without a suspect its value is dead until it is overwritten."""
+        s = status
+        h = (s.phase._value_, s.seq, s.recover_count, s.should_quit, s.ran, s.checkpoint_step,
+             s.run_seq if s.blame >= 0 else -2, s.replaced, s.plan, s.epoch,
+             s.give_up_on_repeat, s.l2_after, s.l3_after, s.collective_after, s.rdzv_addr,
+             s.rdzv_base)
         return self._join(h, codes)
 
     def _join(self, h: tuple[object, ...], codes: Sequence[int]) -> int:
@@ -126,19 +180,37 @@ class Encoder:
 
     def terminal_key(self, status: Status) -> int:
         h = (status.phase._value_, status.seq, status.recover_count, status.should_quit)
-        exact = self.exact
+        if not self.exact:
+            return self._join(h, [self._intern((p.phase._value_, p.finished, p.retries,
+                                                p.restarting)) for p in status.workers])
+        blame, culprit = status.blame, status.culprit
         return self._join(h, [self._intern((p.phase._value_, p.finished, p.retries,
-                                            p.restarting, p.seq if exact else -1))
+                                            p.restarting, p.seq, p.exit_code, p.flaps,
+                                            p.hanging, p.waiting, p.failures, p.cause,
+                                            p.cause_class, p.signature, p.rank == blame,
+                                            p.rank == culprit))
                               for p in status.workers])
 
     def codes(self, status: Status) -> list[int]:
-        seq = status.seq
-        return [self.pod_code(p, seq) for p in status.workers]
+        return [self.pod_code(p, status) for p in status.workers]
 
     def encode(self, status: Status) -> int:
         if status.phase in TERMINAL_PHASES:
             return self.terminal_key(status)
         return self.key(status, self.codes(status))
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """A policy-ordered replacement (NoEndlessReplacement's seed): from state ``src`` the
+    cooperative event ``event`` (a passing Finish of ``rank``) made the machine tell ``rank`` to
+    exit; ``status`` is the status it led to."""
+
+    src: int
+    kind: Kind
+    event: Event
+    rank: int
+    status: Status
 
 
 @dataclass
@@ -157,6 +229,8 @@ class Exploration:
     parent: array[int] = field(default_factory=lambda: array("i"))
     depth: array[int] = field(default_factory=lambda: array("i"))
     terminal: bytearray = field(default_factory=bytearray)
+    running: bytearray = field(default_factory=bytearray)  # phase RunCommand
+    failed: bytearray = field(default_factory=bytearray)  # phase Failed
     expanded: bytearray = field(default_factory=bytearray)  # 0: violates an invariant
     has_cut: bytearray = field(default_factory=bytearray)
     has_progress: bytearray = field(default_factory=bytearray)  # a non-Stop, non-loop edge
@@ -166,11 +240,39 @@ class Exploration:
     # the NoEndlessRecovery subgraph: recovery → recovery, state changes, no retries grow
     rec_src: array[int] = field(default_factory=lambda: array("i"))
     rec_dst: array[int] = field(default_factory=lambda: array("i"))
+    # FlakyRankRecovers' start states: right after a counted failure (``flaky_start``), one
+    # status per state id
+    flaky_starts: list[tuple[int, Status]] = field(default_factory=list)
+    # NoEndlessReplacement's seeds: one per distinct (status, replaced rank) class
+    replacements: list[Replacement] = field(default_factory=list)
     # first violation of each invariant: state id / (source id, event) for transitions
     state_violations: dict[str, int] = field(default_factory=dict)
-    edge_violations: dict[str, tuple[int, Kind, Event]] = field(default_factory=dict)
+    edge_violations: dict[str, tuple[int, Kind, Event, Status]] = field(default_factory=dict)
     canonical_states: set[str] | None = None
     encoder: Encoder = field(default_factory=lambda: Encoder(symmetry=False))
+    closure: object | None = None  # properties.cooperative_closure's result, once computed
+
+
+def flaky_start(old: Status, new: Status) -> bool:
+    """Whether ``new``, reached from ``old``, is a start of FlakyRankRecovers: live, not
+    running, a counted failure just happened (some rank's retries grew) and no rank with an open
+    failure has spent its flap allowance (each may still be replaced once uncounted: the policy
+    needs at most one replacement per rank to answer its failure)."""
+    if new.phase in TERMINAL_PHASES or new.phase is Phase.RUNCOMMAND:
+        return False
+    if not any(p.retries > q.retries for p, q in zip(new.workers, old.workers, strict=True)):
+        return False
+    return all(p.flaps < new.flap_limit for p in new.workers if p.cause)
+
+
+def policy_replacement(event: Event, effects: Sequence[Effect]) -> int | None:
+    """The rank a passing Finish made the machine replace (its ExitWorker), else None."""
+    if not isinstance(event, Finish) or not event.ok:
+        return None
+    for e in effects:
+        if isinstance(e, ExitWorker) and e.rank == event.rank:
+            return e.rank
+    return None
 
 
 def explore(
@@ -199,7 +301,6 @@ def explore(
     exact = config.exact or dump
     enc = ex.encoder = Encoder(symmetry=config.symmetry, exact=exact)
     seq_checks = () if exact else tuple(every_successor)
-    ml, bound = config.message_layer, config.seq_bound
     if dump:
         ex.canonical_states = set()
     index: dict[int, int] = {}
@@ -213,8 +314,11 @@ def explore(
         d = ex.depth[parent] + 1 if parent >= 0 else 0
         ex.depth.append(d)
         ex.max_depth = max(ex.max_depth, d)
-        term = status.phase.terminal
+        phase = status.phase
+        term = phase.terminal
         ex.terminal.append(term)
+        ex.running.append(phase is Phase.RUNCOMMAND)
+        ex.failed.append(phase is Phase.FAILED)
         ex.has_cut.append(0)
         ex.has_progress.append(0)
         ok = True
@@ -232,12 +336,12 @@ def explore(
         return sid
 
     s0 = config.initial()
+    ctx = _Context(ex, enc, index, add, config, transition_invariants, seq_checks)
     try:
         add(s0, enc.encode(s0), -1)
         while frontier:
             status, sid = frontier.popleft()
-            _expand(ex, enc, index, add, status, sid, ml, bound, transition_invariants,
-                    seq_checks)
+            _expand(ctx, status, sid)
     except StateLimitExceeded:
         ex.exceeded = True
     ex.states = len(ex.keys)
@@ -246,45 +350,56 @@ def explore(
     return ex
 
 
-def _expand(
-    ex: Exploration,
-    enc: Encoder,
-    index: dict[int, int],
-    add: Callable[[Status, int, int], int],
-    status: Status,
-    sid: int,
-    ml: bool,
-    bound: int,
-    transition_invariants: Sequence[EdgeCheck],
-    seq_checks: Sequence[StateCheck],
-) -> None:
+@dataclass
+class _Context:
+    ex: Exploration
+    enc: Encoder
+    index: dict[int, int]
+    add: Callable[[Status, int, int], int]
+    config: Config
+    transition_invariants: Sequence[EdgeCheck]
+    seq_checks: Sequence[StateCheck]
+    seeds: set[int] = field(default_factory=set)  # marked keys of the replacement seeds
+    starts: set[int] = field(default_factory=set)  # state ids of the flaky starts
+
+
+def _expand(ctx: _Context, status: Status, sid: int) -> None:
     """Apply every environment event to ``status`` (state ``sid``) and record the edges."""
-    seq, pods = status.seq, status.workers
+    ex, enc, index, add = ctx.ex, ctx.enc, ctx.index, ctx.add
+    bound = ctx.config.seq_bound
+    seq, run, blame, culprit, pods = (status.seq, status.run_seq, status.blame, status.culprit,
+                                      status.workers)
     codes = enc.codes(status)
     own_key = ex.keys[sid]
     retries = status.retries
     in_recovery = status.phase in _RECOVERY_PHASES
-    checks = [(n, c) for n, c in transition_invariants if n not in ex.edge_violations]
+    coop_source = status.phase is not Phase.RUNCOMMAND
+    checks = [(n, c) for n, c in ctx.transition_invariants if n not in ex.edge_violations]
     succ: set[int] = set()
     rec: set[int] = set()
-    evs = events(status, message_layer=ml)
+    evs = events(status, message_layer=ctx.config.message_layer)
     ex.transitions += len(evs)
     for kind, event in evs:
         new, effects = step(status, event)
         for name, check in checks:
             if not check(kind, event, status, new, effects):
-                ex.edge_violations.setdefault(name, (sid, kind, event))
+                ex.edge_violations.setdefault(name, (sid, kind, event, status))
         if new is status:
             continue
-        for name, inv in seq_checks:
+        for name, inv in ctx.seq_checks:
             if not inv(new) and name not in ex.edge_violations:
-                ex.edge_violations[name] = (sid, kind, event)
+                ex.edge_violations[name] = (sid, kind, event, status)
+        if coop_source and kind in COOPERATIVE:
+            rank = policy_replacement(event, effects)
+            if rank is not None:
+                _seed(ctx, sid, kind, event, rank, new)
         term = new.phase in TERMINAL_PHASES
         if term:
             key = enc.terminal_key(new)
         else:
-            if new.seq == seq:
-                ncodes = [c if p is q else enc.pod_code(p, seq)
+            if (new.seq == seq and new.run_seq == run and new.blame == blame
+                    and new.culprit == culprit):
+                ncodes = [c if p is q else enc.pod_code(p, new)
                           for p, q, c in zip(new.workers, pods, codes, strict=True)]
             else:
                 ncodes = enc.codes(new)
@@ -301,9 +416,14 @@ def _expand(
         if kind is Kind.STOP:
             continue
         succ.add(nid)
-        if (in_recovery and not term and new.phase in _RECOVERY_PHASES
-                and all(map(le, new.retries, retries))):
-            rec.add(nid)
+        if not term:
+            nret = new.retries
+            if nret != retries:
+                if nid not in ctx.starts and flaky_start(status, new):
+                    ctx.starts.add(nid)
+                    ex.flaky_starts.append((nid, new))
+            elif in_recovery and new.phase in _RECOVERY_PHASES:
+                rec.add(nid)
     if succ:
         ex.has_progress[sid] = 1
         for nid in succ:
@@ -312,6 +432,26 @@ def _expand(
         for nid in rec:
             ex.rec_src.append(sid)
             ex.rec_dst.append(nid)
+
+
+def marked_key(enc: Encoder, status: Status, rank: int) -> int:
+    """The key of ``status`` with worker ``rank`` marked (symmetry keeps the mark on it)."""
+    if status.phase in TERMINAL_PHASES:
+        return -1
+    codes = enc.codes(status)
+    codes[rank] = enc.mark(codes[rank])
+    return enc.key(status, codes)
+
+
+def _seed(ctx: _Context, sid: int, kind: Kind, event: Event, rank: int, new: Status) -> None:
+    """Record a policy-ordered replacement once per (status class, replaced rank), wherever
+    it leads (NoEndlessReplacement follows it beyond the seq bound)."""
+    if new.phase in TERMINAL_PHASES:
+        return  # the job is over
+    key = marked_key(ctx.enc, new, rank)
+    if key not in ctx.seeds:
+        ctx.seeds.add(key)
+        ctx.ex.replacements.append(Replacement(sid, kind, event, rank, new))
 
 
 @dataclass(frozen=True)
@@ -333,11 +473,15 @@ def path_to(ex: Exploration, sid: int) -> list[int]:
 
 
 def trace(ex: Exploration, ids: Sequence[int],
-          last: tuple[Kind, Event] | None = None) -> list[TraceStep]:
+          last: tuple[Kind, Event] | tuple[Kind, Event, Status] | None = None,
+          ) -> list[TraceStep]:
     """Replay ``step`` along state ids (a path from state 0), then ``last`` if given.
 
     Each hop takes the first environment event whose result has the next id's key, so the trace
     is concrete even under symmetry reduction (where ids name classes of states).
+    ``last`` is (kind, event) or (kind, event, the status it was applied to during the
+    exploration): with that status, under symmetry, the event is renamed onto the replayed
+    status's ranks.
     """
     cfg, enc = ex.config, ex.encoder
     cur = cfg.initial()
@@ -353,20 +497,76 @@ def trace(ex: Exploration, ids: Sequence[int],
         else:  # pragma: no cover - the graph came from these very events
             raise AssertionError(f"cannot replay the edge to state {target}")
     if last is not None:
-        kind, event = last
+        kind, event = last[0], last[1]
+        if len(last) == 3 and enc.symmetry:
+            event = rename(enc, last[2], cur, event)
         out.append(TraceStep(len(out), kind, event, step(cur, event)[0]))
     return out
+
+
+def rank_map(enc: Encoder, source: Status, target: Status) -> list[int]:
+    """A renaming of ranks (source rank → target rank) under which two statuses with the same
+    key have the same workers: equal worker codes matched in rank order."""
+    free: dict[int, list[int]] = {}
+    for p in target.workers:
+        free.setdefault(enc.pod_code(p, target), []).append(p.rank)
+    return [free[enc.pod_code(p, source)].pop(0) for p in source.workers]
+
+
+def rename(enc: Encoder, source: Status, target: Status, event: Event) -> Event:
+    """``event``, that applied to ``source``, renamed onto the ranks of ``target``."""
+    rank = getattr(event, "rank", None)
+    if rank is None or source == target:
+        return event
+    to = rank_map(enc, source, target)[rank]
+    if isinstance(event, Ack):  # incarnations by meaning: the same pod, or the other one
+        same = event.incarnation == source.workers[rank].incarnation
+        mine = target.workers[to].incarnation
+        return evolve(event, rank=to, incarnation=mine if same and mine is not None
+                      else other_incarnation(mine))
+    return evolve(event, rank=to)
+
+
+def extend(steps: list[TraceStep], kind: Kind, event: Event) -> Status:
+    """Append one concrete step to a trace; returns the new status."""
+    new, _ = step(steps[-1].status, event)
+    steps.append(TraceStep(len(steps), kind, event, new))
+    return new
 
 
 def _b(flag: bool) -> str:
     return "TRUE" if flag else "FALSE"
 
 
+#: the exit a worker was told to make, as the spec names it
+EXITS = {None: "none", ExitCode.NODE_FAULT: "node-fault",
+         ExitCode.CONTAINER_RESTART: "container-restart"}
+
+
+def cause_kind(pod: PodInfo) -> str:
+    """A worker's open cause as the policy tells causes apart (``policy.judge``) and the TLA+
+    spec models it (``CauseKinds``): none, hardware, container (by class), hang, symptom (a peer
+    symptom code), else error (an unknown cause, a lost or replaced pod, a failed check's
+    text: transient, escalated by repetition)."""
+    if not pod.cause:
+        return "none"
+    if pod.cause_class is CauseClass.HARDWARE:
+        return "hardware"
+    if pod.cause_class is CauseClass.CONTAINER:
+        return "container"
+    if pod.cause == "hang":  # policy.HANG_CAUSE
+        return "hang"
+    return "symptom" if pod.cause in SYMPTOM_CODES else "error"
+
+
 def canonical(status: Status) -> str:
     """One line over the variables a TLA+ spec shares with the machine, in TLA+ syntax.
 
     phase, shouldQuit, recoverCount, the master's seq, then per worker (by rank) the inner
-    phase, finished, retries and the worker's seq.
+    phase, finished, retries, the worker's seq, whether it is being replaced, the exit it was
+    told to make, its flap counter and hang marks; then the recovery policy's: per worker its
+    failures on its node, the kind of its open cause (``cause_kind``) and whether its last
+    charged failure had a signature; the suspect and the culprit (ranks, -1 for none).
     """
     pods = status.workers
     return (
@@ -375,7 +575,16 @@ def canonical(status: Status) -> str:
         f"inner=<<{','.join(p.phase.value for p in pods)}>> "
         f"finished=<<{','.join(_b(p.finished) for p in pods)}>> "
         f"retries=<<{','.join(str(p.retries) for p in pods)}>> "
-        f"wseq=<<{','.join(str(p.seq) for p in pods)}>>"
+        f"wseq=<<{','.join(str(p.seq) for p in pods)}>> "
+        f"restarting=<<{','.join(_b(p.restarting) for p in pods)}>> "
+        f"exit=<<{','.join(EXITS[p.exit_code] for p in pods)}>> "
+        f"flaps=<<{','.join(str(p.flaps) for p in pods)}>> "
+        f"hanging=<<{','.join(_b(p.hanging) for p in pods)}>> "
+        f"waiting=<<{','.join(_b(p.waiting) for p in pods)}>> "
+        f"failures=<<{','.join(str(p.failures) for p in pods)}>> "
+        f"cause=<<{','.join(cause_kind(p) for p in pods)}>> "
+        f"sig=<<{','.join(_b(bool(p.signature)) for p in pods)}>> "
+        f"blame={status.blame} culprit={status.culprit}"
     )
 
 

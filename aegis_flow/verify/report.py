@@ -6,13 +6,21 @@ strings and plain data. Nothing here prints or writes files; ``verify/cli.py`` d
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from aegis_flow.master.machine import Event, Status
 
 from .explorer import Config, Exploration, TraceStep, dump_lines, explore
-from .properties import INVARIANTS, SEQ_INVARIANTS, TRANSITION_INVARIANTS, Verdict, evaluate
+from .properties import (
+    INVARIANTS,
+    LIVENESS,
+    SEQ_INVARIANTS,
+    TRANSITION_INVARIANTS,
+    Verdict,
+    evaluate,
+)
 
 
 @dataclass(frozen=True)
@@ -21,6 +29,7 @@ class Report:
 
     exploration: Exploration
     verdicts: list[Verdict]
+    evaluate_seconds: float = 0.0  # the liveness checks' wall clock, after the exploration
 
     @property
     def config(self) -> Config:
@@ -58,7 +67,9 @@ def verify(config: Config, *, dump: bool = False) -> Report:
     """Explore ``config`` with every property of ``properties.py`` and evaluate them."""
     ex = explore(config, invariants=INVARIANTS, transition_invariants=TRANSITION_INVARIANTS,
                  every_successor=SEQ_INVARIANTS, dump=dump)
-    return Report(ex, evaluate(ex))
+    start = time.perf_counter()
+    verdicts = evaluate(ex)
+    return Report(ex, verdicts, time.perf_counter() - start)
 
 
 # --------------------------------------------------------------------------- text
@@ -77,6 +88,11 @@ def describe_event(event: Event | None) -> str:
         value = getattr(event, attr, None)
         if value is not None:
             parts.append(f"{'inc' if attr == 'incarnation' else 'seq'} {value}")
+    code, signature = getattr(event, "code", ""), getattr(event, "signature", "")
+    if code or signature:
+        parts.append(" ".join(x for x in (code, signature) if x))
+    if getattr(event, "waiting", False):
+        parts.append("waiting")
     ok = getattr(event, "ok", None)
     if ok is not None:
         fault = getattr(event, "fault", None)
@@ -132,7 +148,7 @@ def render_text(report: Report) -> str:
         f"max depth:       {ex.max_depth}",
         f"cut edges:       {ex.cut_edges:,} (live successors beyond {bound}, not explored)",
         f"time:            {ex.seconds:.2f} s wall, {ex.cpu_seconds:.2f} s CPU "
-        f"({rate:,.0f} states/s)",
+        f"({rate:,.0f} states/s); liveness checks {report.evaluate_seconds:.2f} s",
     ]
     if report.exceeded:
         lines.append(f"STATE LIMIT: more than {cfg.max_states:,} states; exploration abandoned "
@@ -184,6 +200,7 @@ def to_json(report: Report) -> dict[str, Any]:
         "cut_edges": ex.cut_edges,
         "seconds": round(ex.seconds, 3),
         "cpu_seconds": round(ex.cpu_seconds, 3),
+        "evaluate_seconds": round(report.evaluate_seconds, 3),
         "states_per_second": round(ex.states / ex.seconds, 1) if ex.seconds > 0 else None,
         "exceeded": ex.exceeded,
         "ok": report.ok,
@@ -202,8 +219,7 @@ def to_json(report: Report) -> dict[str, Any]:
 
 
 PROPERTY_NAMES = tuple(
-    [n for n, _ in INVARIANTS] + [n for n, _ in TRANSITION_INVARIANTS]
-    + ["NoDeadlock", "TerminationReachable", "NoEndlessRecovery"])
+    [n for n, _ in INVARIANTS] + [n for n, _ in TRANSITION_INVARIANTS] + list(LIVENESS))
 
 __all__ = ["PROPERTY_NAMES", "Report", "describe_event", "render_text", "render_trace",
            "to_json", "verify"]

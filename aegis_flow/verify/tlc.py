@@ -307,18 +307,38 @@ def _b(flag: bool) -> str:
 
 def canonical_line(*, phase: str, should_quit: bool, recover_count: int, seq: int,
                    inner: Sequence[str], finished: Sequence[bool], retries: Sequence[int],
-                   wseq: Sequence[int]) -> str:
+                   wseq: Sequence[int], restarting: Sequence[bool], exit: Sequence[str],
+                   flaps: Sequence[int], hanging: Sequence[bool], waiting: Sequence[bool],
+                   failures: Sequence[int], cause: Sequence[str], sig: Sequence[bool],
+                   blame: int, culprit: int) -> str:
     """The canonical line of ``aegis_flow.verify.explorer.canonical`` from its parts."""
+    def seq_(items: Sequence[object]) -> str:
+        return "<<" + ",".join(_b(i) if isinstance(i, bool) else str(i) for i in items) + ">>"
+
     return (f"phase={phase} shouldQuit={_b(should_quit)} recoverCount={recover_count} "
-            f"seq={seq} inner=<<{','.join(inner)}>> "
-            f"finished=<<{','.join(_b(f) for f in finished)}>> "
-            f"retries=<<{','.join(str(r) for r in retries)}>> "
-            f"wseq=<<{','.join(str(s) for s in wseq)}>>")
+            f"seq={seq} inner={seq_(inner)} finished={seq_(finished)} "
+            f"retries={seq_(retries)} wseq={seq_(wseq)} restarting={seq_(restarting)} "
+            f"exit={seq_(exit)} flaps={seq_(flaps)} hanging={seq_(hanging)} "
+            f"waiting={seq_(waiting)} failures={seq_(failures)} cause={seq_(cause)} "
+            f"sig={seq_(sig)} blame={blame} culprit={culprit}")
+
+
+#: the worker fields of a canonical line: (name in the line, field of the spec's record, type)
+POD_FIELDS: tuple[tuple[str, str, type], ...] = (
+    ("inner", "phase", str), ("finished", "finished", bool), ("retries", "retries", int),
+    ("wseq", "seq", int), ("restarting", "restarting", bool), ("exit", "exit", str),
+    ("flaps", "flaps", int), ("hanging", "hanging", bool), ("waiting", "waiting", bool),
+    ("failures", "failures", int), ("cause", "cause", str), ("sig", "sig", bool))
 
 
 def _worker_order(name: str) -> tuple[int, str]:
     digits = re.sub(r"\D", "", name)
     return (int(digits) if digits else 0, name)
+
+
+def _rank(value: object, names: Sequence[str]) -> int:
+    """A worker-valued field (``blame``, ``culprit``) as a rank: -1 for "none"."""
+    return -1 if value == "none" else list(names).index(str(value))
 
 
 def project(state: dict[str, Value]) -> str:
@@ -328,7 +348,8 @@ def project(state: dict[str, Value]) -> str:
         raise ValueError(f"not a state of {SPEC_NAME}: {state!r}")
     pods_by_name = st["w"]
     assert isinstance(pods_by_name, dict)
-    pods = [pods_by_name[n] for n in sorted(pods_by_name, key=_worker_order)]
+    names = sorted(pods_by_name, key=_worker_order)
+    pods = [pods_by_name[n] for n in names]
 
     def column(name: str) -> list[Value]:
         out = []
@@ -338,11 +359,18 @@ def project(state: dict[str, Value]) -> str:
             out.append(pod[name])
         return out
 
+    def typed(value: Value, kind: type) -> object:
+        if kind is int:
+            return _int(value)
+        return bool(value) if kind is bool else str(value)
+
+    columns = {line: [typed(v, kind) for v in column(field)]
+               for line, field, kind in POD_FIELDS}
     return canonical_line(
         phase=str(st["phase"]), should_quit=bool(st["shouldQuit"]),
         recover_count=_int(st["recoverCount"]), seq=_int(st["seq"]),
-        inner=[str(v) for v in column("phase")], finished=[bool(v) for v in column("finished")],
-        retries=[_int(v) for v in column("retries")], wseq=[_int(v) for v in column("seq")])
+        blame=_rank(st["blame"], names), culprit=_rank(st["culprit"], names),
+        **columns)  # type: ignore[arg-type]
 
 
 def _int(v: Value) -> int:
@@ -383,14 +411,22 @@ def fast_project(block: str) -> str | None:
             pods.append((worker, current))
         elif key not in current:
             current[key] = value
+    def typed(text: str, kind: type) -> object:
+        if kind is int:
+            return int(text)
+        return text == "TRUE" if kind is bool else text.strip('"')
+
     try:
         pods.sort(key=lambda p: _worker_order(p[0]))
+        names = [n for n, _ in pods]
+        columns = {line: [typed(p[field], kind) for _, p in pods]
+                   for line, field, kind in POD_FIELDS}
         return canonical_line(
             phase=glob["phase"].strip('"'), should_quit=glob["shouldQuit"] == "TRUE",
             recover_count=int(glob["recoverCount"]), seq=int(glob["seq"]),
-            inner=[p["phase"].strip('"') for _, p in pods],
-            finished=[p["finished"] == "TRUE" for _, p in pods],
-            retries=[int(p["retries"]) for _, p in pods], wseq=[int(p["seq"]) for _, p in pods])
+            blame=_rank(glob["blame"].strip('"'), names),
+            culprit=_rank(glob["culprit"].strip('"'), names),
+            **columns)  # type: ignore[arg-type]
     except (KeyError, ValueError):
         return None
 
@@ -432,16 +468,19 @@ def has_symmetry(cfg_text: str) -> bool:
 def render_cfg(*, workers: int, max_retry: int, flap_limit: int = 3, message_layer: bool,
                seq_bound: int, invariants: Sequence[str] = (), properties: Sequence[str] = (),
                specification: str = "Spec", extra_constants: Sequence[str] = (),
-               symmetry: bool = False) -> str:
-    """A TLC model configuration for ``spec/AegisFlow.tla``; workers are ``w1..wN``.
+               symmetry: bool = False, l2_after: int = 2, l3_after: int = 3,
+               give_up_on_repeat: bool = True) -> str:
+    """A TLC model configuration for ``spec/AegisFlow.tla``; workers are ``w1..wN`` (in rank
+    order: the spec's ``Lowest`` relies on it).
 
     ``symmetry`` adds ``SYMMETRY Symmetry`` (never with ``-dump``: TLC then lists one state
     per permutation class)."""
     names = ", ".join(f"w{i + 1}" for i in range(workers))
     lines = ["CONSTANTS", f"    Workers = {{{names}}}", f"    MaxRetry = {max_retry}",
              f"    FlapLimit = {flap_limit}", f"    MessageLayer = {_b(message_layer)}",
-             f"    SeqBound = {seq_bound}", *(f"    {c}" for c in extra_constants),
-             f"SPECIFICATION {specification}"]
+             f"    SeqBound = {seq_bound}", f"    L2After = {l2_after}",
+             f"    L3After = {l3_after}", f"    GiveUpOnRepeat = {_b(give_up_on_repeat)}",
+             *(f"    {c}" for c in extra_constants), f"SPECIFICATION {specification}"]
     if symmetry:
         lines.append("SYMMETRY Symmetry")
     if invariants:
