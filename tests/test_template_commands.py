@@ -126,6 +126,9 @@ def run_master_main(c: dict[str, Any], tmp_path: Path,
         async def run(self) -> int:
             return 0
 
+        def request_stop(self, by: str) -> None:  # the signal handlers' target
+            seen.update(stopped_by=by)
+
     monkeypatch.setattr(master_main, "Master", Capture)
     monkeypatch.setattr(KubeNodeApi, "connect", classmethod(lambda cls, **kw: FakeNodeApi()))
     assert master_main.main(args) == 0
