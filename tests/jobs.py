@@ -19,18 +19,12 @@ SLEEPER = str(ROOT / "tests" / "fixtures" / "sleeper.py")
 TRAIN = str(ROOT / "examples" / "train_ddp.py")
 
 
-class Job:
-    """``aegis-flow run`` in a subprocess; output collected line by line."""
+class Output:
+    """A process whose stdout and stderr are collected line by line (waitable)."""
 
-    def __init__(self, state_dir: Path, args: list[str], command: list[str], *,
-                 env: dict[str, str] | None = None) -> None:
-        self.state_dir = state_dir
-        full_env = {**os.environ, "OMP_NUM_THREADS": "1", "AEGIS_PRELOAD": "",
-                    **(env or {})}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "aegis_flow.cli", "run", "--state-dir", str(state_dir),
-             *args, "--", *command],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, cwd=str(state_dir))
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     env=env, cwd=str(cwd))
         self.lines: list[str] = []
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -52,6 +46,23 @@ class Job:
                     raise AssertionError(f"{text!r} x{count} not seen; output:\n{self.output}")
                 self._cond.wait(min(left, 0.2))
 
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+
+class Job(Output):
+    """``aegis-flow run`` in a subprocess; output collected line by line."""
+
+    def __init__(self, state_dir: Path, args: list[str], command: list[str], *,
+                 env: dict[str, str] | None = None) -> None:
+        self.state_dir = state_dir
+        full_env = {**os.environ, "OMP_NUM_THREADS": "1", "AEGIS_PRELOAD": "",
+                    **(env or {})}
+        super().__init__(
+            [sys.executable, "-m", "aegis_flow.cli", "run", "--state-dir", str(state_dir),
+             *args, "--", *command], full_env, state_dir)
+
     def wait(self, timeout: float = 120.0) -> int:
         try:
             rc = self.proc.wait(timeout=timeout)
@@ -62,10 +73,6 @@ class Job:
                 f"job did not end in {timeout} s; output:\n{self.output}") from None
         self._reader.join(timeout=10)
         return rc
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
 
     def status(self, job: str = "job") -> dict[str, Any]:
         doc: dict[str, Any] = json.loads((self.state_dir / job / "status.json").read_text())

@@ -14,14 +14,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from aegis_flow.local.natsserver import EmbeddedNats
-from tests.jobs import assert_nothing_left
+from tests.jobs import Output, assert_nothing_left
 
 pytestmark = pytest.mark.e2e
 
@@ -39,33 +38,10 @@ sys.exit(int(sys.argv[3 + rank]))
 """
 
 
-class Proc:
-    """A process whose output (stdout and stderr) is collected line by line."""
+class Proc(Output):
+    """A master or supervisor process (``jobs.Output``) that may be killed and waited on."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     env=env, cwd=str(cwd))
-        self.lines: list[str] = []
-        self.ended_at: float | None = None
-        self._cond = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            with self._cond:
-                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
-                self._cond.notify_all()
-
-    def wait_for(self, text: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while not any(text in line for line in self.lines):
-                left = deadline - time.monotonic()
-                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
-                    raise AssertionError(f"{text!r} not seen; output:\n{self.output}")
-                self._cond.wait(min(left, 0.2))
+    ended_at: float | None = None
 
     def wait(self, timeout: float) -> int:
         try:
@@ -79,10 +55,6 @@ class Proc:
 
     def index(self, text: str) -> int:
         return next(i for i, line in enumerate(self.lines) if text in line)
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
