@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import signal
 import stat
@@ -208,6 +209,17 @@ def test_server_dies_when_parent_is_sigkilled(tmp_path: Path) -> None:
     while _pid_alive(server_pid, zombie_is_dead=True) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _pid_alive(server_pid, zombie_is_dead=True)
-    # and the store dir is free again
+    # and the store dir is free again: the kernel drops the flock when the last descriptor of
+    # the dead processes closes, which on a loaded machine can lag the exit we observed
+    lock = tmp_path / "s" / ".aegis-nats.lock"
+    while time.monotonic() < deadline + 10:
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            time.sleep(0.05)
+        finally:
+            os.close(fd)
     with EmbeddedNats(tmp_path / "s") as server:
         assert server.running
