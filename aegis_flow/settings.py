@@ -57,6 +57,9 @@ class MasterDefaults:
         "without fault tolerance (Pending → Independent, T15)"))
     lost_timeout: float = field(default=3.0, metadata=_doc(
         "--lost-timeout", "seconds without a heartbeat before a worker is lost"))
+    outage_limit: float = field(default=60.0, metadata=_doc(
+        "--outage-limit", "seconds every worker may stay silent while the master reaches NATS "
+        "before the silence is the workers' own, not a control-plane outage (T6n)"))
     replace_timeout: float = field(default=120.0, metadata=_doc(
         "--replace-timeout", "seconds a lost worker may take to come back (Restarting → Stop, "
         "T12)"))
@@ -246,6 +249,11 @@ def check_master(cfg: MasterSettings, *, heartbeat: float = WORKER.heartbeat_int
     _seconds("the connect timeout", cfg.connect_timeout, "--connect-timeout")
     _seconds("the lost timeout", cfg.lost_timeout, "--lost-timeout")
     _seconds("the replace timeout", cfg.replace_timeout, "--replace-timeout")
+    outage = getattr(cfg, "outage_limit", MASTER.outage_limit)
+    _seconds("the outage limit", outage, "--outage-limit")
+    if outage <= cfg.lost_timeout:
+        raise ConfigError(f"the outage limit ({outage:g} s) must be longer than the lost "
+                          f"timeout ({cfg.lost_timeout:g} s): raise --outage-limit")
     _seconds("linger", cfg.linger, "--linger", zero_ok=True)
     _heartbeat_vs_lost(heartbeat, cfg.lost_timeout)
     l2, l3 = getattr(cfg, "l2_after", MASTER.l2_after), getattr(cfg, "l3_after", MASTER.l3_after)

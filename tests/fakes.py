@@ -17,6 +17,11 @@ class FakeNats:
     async def publish(self, subject: str, data: bytes) -> None:
         self.sent.append((subject, data))
 
+    async def flush(self, timeout: float = 1.0) -> None:
+        """The server answers the PING unless the test made it unreachable."""
+        if not self.is_connected:
+            raise TimeoutError("nats: flush timeout")
+
 
 class FlakyStore(MemoryStore):
     """A MemoryStore whose saves raise while ``down`` (a NATS timeout, a full disk)."""

@@ -21,6 +21,9 @@ class FakeNats:
     async def publish(self, subject: str, data: bytes) -> None:
         pass
 
+    async def flush(self, timeout: float = 1.0) -> None:
+        pass
+
 
 def beat(rank: int, seq: int) -> bytes:
     return p.Message(job="j", namespace="default", pod_name=f"j-worker-{rank}",

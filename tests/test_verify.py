@@ -91,9 +91,9 @@ def test_message_layer_produces_every_kind_of_redelivery() -> None:
         s, _ = step(s, event)
     kinds = {kind for kind, _ in events(s, message_layer=True)}
     assert kinds == {Kind.NORMAL, Kind.COOPERATIVE, Kind.HEARTBEAT, Kind.DUPLICATE, Kind.STALE,
-                     Kind.STOP}
+                     Kind.STOP, Kind.OUTAGE}
     assert {kind for kind, _ in events(s, message_layer=False)} == {
-        Kind.NORMAL, Kind.COOPERATIVE, Kind.STOP}
+        Kind.NORMAL, Kind.COOPERATIVE, Kind.STOP, Kind.OUTAGE}
 
 
 def test_without_message_layer_every_worker_message_carries_the_current_seq() -> None:

@@ -354,3 +354,24 @@ def test_an_order_whose_plan_is_recomputed_is_not_stable(
     verdict = violated(verify(POLICY_MODEL), "OrdersAreStable")
     _order_changed_within_a_seq(verdict)
     assert verdict.trace[-2].status.blame >= 0 > verdict.trace[-1].status.blame
+
+
+# --------------------------------------------------------------------------- (h) T6n removed
+
+
+def test_an_outage_taken_for_lost_workers_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without T6n every worker silent at once (a NATS pause) is N lost workers: a retry is
+    counted and every rank restarted with nothing wrong (the 4 s pause of the review)."""
+    monkeypatch.setattr(machine, "_outage", lambda status, ev: False)
+    verdict = violated(verify(Config(workers=2, max_retry=1, seq_bound=3)),
+                       "OutageCountsNothing")
+    assert verdict.trace[-1].kind is Kind.OUTAGE
+    assert verdict.trace[-1].status.recover_count > verdict.trace[-2].status.recover_count or \
+        verdict.trace[-1].status.phase is not verdict.trace[-2].status.phase
+    assert_last_edge_violates(verdict)
+
+
+def test_the_real_core_forgives_an_outage() -> None:
+    report = verify(Config(workers=2, max_retry=1, seq_bound=3))
+    assert report.verdict("OutageCountsNothing").holds is True
+    assert report.verdict("NoEndlessRecovery").holds is True

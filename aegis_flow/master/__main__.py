@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--connect-timeout", type=float, default=MASTER.connect_timeout)
     ap.add_argument("--lost-timeout", type=float, default=MASTER.lost_timeout)
     ap.add_argument("--replace-timeout", type=float, default=MASTER.replace_timeout)
+    ap.add_argument("--outage-limit", type=float, default=MASTER.outage_limit,
+                    help="seconds every worker may stay silent while the master reaches NATS "
+                    "before they count as lost rather than a control-plane outage (default "
+                    f"{MASTER.outage_limit:g})")
     ap.add_argument("--linger", type=float, default=MASTER.linger)
     ap.add_argument("--status-file", default="", help="write the final status here too")
     ap.add_argument("--log-level", default="INFO")
@@ -87,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                        l3_after=a.l3_after,
                        connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout,
                        replace_timeout=a.replace_timeout, linger=a.linger,
+                       outage_limit=a.outage_limit,
                        status_file=a.status_file, metrics_port=a.metrics_port,
                        metrics_addr=a.metrics_addr, port_file=a.port_file, log_dir=a.log_dir,
                        gpu_type=a.gpu_type)

@@ -37,6 +37,7 @@ from aegis_flow.master.model import (
     Broadcast,
     CheckpointDone,
     ConnectTimeout,
+    ControlPlaneBack,
     Effect,
     Error,
     Event,
@@ -56,6 +57,7 @@ from aegis_flow.master.model import (
     Phase,
     PodInfo,
     Quarantine,
+    Rearm,
     Send,
     Status,
     Stop,
@@ -322,6 +324,12 @@ def _dispatch(status: Status, event: Event, now: float) -> Result:
             Log(f"checkpoint at step {event.step}")]
     if isinstance(event, Lost):
         return _on_lost(status, event)
+    if isinstance(event, ControlPlaneBack):
+        if not status.outage:
+            return _ignore(status, Ignored.LATE, "control plane back, but no outage was seen")
+        return evolve(status, outage=False), [
+            Log("T6b: the control plane is back: nothing was counted; every worker gets a "
+                "full lost timeout again", transition="T6b"), Rearm()]
     # Finish / Error / Hang / HangWithQuit carry a seq.
     if status.phase.terminal:
         return _ignore(status, Ignored.LATE, f"{_name(event)} after the job ended")
@@ -360,6 +368,9 @@ def _validate(status: Status, event: Event) -> None:
         raise MalformedEvent(f"negative or non-integer sequence number {event.seq!r}")
     if isinstance(event, Ack) and not event.incarnation:
         raise MalformedEvent("an Ack must carry a non-empty incarnation")
+    if isinstance(event, Lost) and any(
+            not isinstance(r, int) or not 0 <= r < len(status.workers) for r in event.silent):
+        raise MalformedEvent(f"unknown rank among the silent ones {sorted(event.silent)!r}")
     if isinstance(event, CheckpointDone) and event.step < 0:
         raise MalformedEvent(f"negative checkpoint step {event.step}")
 
@@ -429,9 +440,40 @@ def _return_worker(status: Status, pod: PodInfo, *, new_incarnation: bool) -> Re
                       "T8: every restarting worker is back; bootcheck")
 
 
+def _live(status: Status) -> list[int]:
+    """The ranks whose heartbeats the master expects now: acked, not being replaced, and not
+    finished-and-gone from a run."""
+    return [p.rank for p in status.workers if p.incarnation is not None and not p.restarting
+            and not (status.phase is Phase.RUNCOMMAND and p.finished)]
+
+
+def _outage(status: Status, ev: Lost) -> bool:
+    """T6n: the silence is the control plane's, not the workers' — the master itself cannot
+    reach NATS, or every live worker (two or more) fell silent at the same instant. A silence
+    that has outlasted the outage bound while the master reaches NATS is the workers' own."""
+    if ev.outlasted and ev.nats_ok:
+        return False
+    if not ev.nats_ok:
+        return True
+    live = _live(status)
+    return len(live) >= 2 and set(live) <= (ev.silent | {ev.rank})
+
+
 def _on_lost(status: Status, ev: Lost) -> Result:
     pod = status.workers[ev.rank]
     phase = status.phase
+    if phase is not Phase.PENDING and not phase.terminal:
+        if _outage(status, ev):
+            if status.outage:
+                return _ignore(status, Ignored.OUTAGE,
+                               f"rank {ev.rank} silent during a control-plane outage")
+            why = ("the master cannot reach NATS" if not ev.nats_ok
+                   else "every worker fell silent at the same instant")
+            return evolve(status, outage=True), [Log(
+                f"T6n: control-plane outage ({why}): nothing is counted or restarted; "
+                "training goes on", level="warning", transition="T6n")]
+        if status.outage:  # outlasted: the workers are gone, whatever the control plane did
+            status = evolve(status, outage=False)
     if phase is Phase.PENDING:  # T7p
         if pod.incarnation is None:
             return _ignore(status, Ignored.LATE, f"rank {ev.rank} lost before it acked")
@@ -589,10 +631,11 @@ def _on_hang(status: Status, ev: Hang | HangWithQuit) -> Result:
 
 
 __all__ = [
-    "Ack", "Broadcast", "CauseClass", "Charge", "CheckpointDone", "ConnectTimeout", "Effect",
+    "Ack", "Broadcast", "CauseClass", "Charge", "CheckpointDone", "ConnectTimeout",
+    "ControlPlaneBack", "Effect",
     "Error", "Event", "ExitCode", "ExitWorker", "FaultClass", "Finish", "Hang", "HangWithQuit",
     "Ignored",
     "LIVE_PHASES", "Log", "Lost", "MalformedEvent", "Order", "Outcome", "Persist", "Phase",
-    "PodInfo", "Quarantine", "Send", "Status", "Stop", "TERMINAL_PHASES", "current_order",
+    "PodInfo", "Quarantine", "Rearm", "Send", "Status", "Stop", "TERMINAL_PHASES", "current_order",
     "evolve", "initial_status", "step",
 ]

@@ -121,6 +121,7 @@ class Status:
     epoch: int = 0  # recoverCount when the current order was made (AEGIS_RESTART_COUNT)
     sent_at: float = 0.0  # when the current order was made: a re-send is byte-for-byte equal
     failure: str = ""  # why the job failed, in one line (T11, T16)
+    outage: bool = False  # the control plane is out (T6n): no loss is judged until it is back
     # -- settings of the policy -------------------------------------------------------------
     give_up_on_repeat: bool = True  # the same error at the same step twice in a row: T16
     l2_after: int = 2  # a rank with this many failures on its node: restart its container
@@ -223,9 +224,17 @@ class Error:
 
 @dataclass(frozen=True, slots=True)
 class Lost:
-    """Worker's heartbeats stopped (produced by the runtime's timer)."""
+    """Worker's heartbeats stopped (produced by the runtime's timer).
+
+    What the runtime observed at that instant, for the core to tell a control-plane outage
+    from lost workers (T6n): ``silent``, every rank silent past the lost timeout now (empty:
+    only ``rank``); ``nats_ok``, the master's own round trip to NATS succeeded just now;
+    ``outlasted``, this silence has lasted longer than the outage bound."""
 
     rank: int
+    silent: frozenset[int] = frozenset()
+    nats_ok: bool = True
+    outlasted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +257,11 @@ class HangWithQuit:
 
 
 @dataclass(frozen=True, slots=True)
+class ControlPlaneBack:
+    """A worker was heard from again while the control plane was out (runtime, T6b)."""
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointDone:
     step: int
 
@@ -266,6 +280,7 @@ class Stop:
 
 Event = (
     Ack | Finish | Error | Lost | Hang | HangWithQuit | CheckpointDone | ConnectTimeout | Stop
+    | ControlPlaneBack
 )
 WORKER_EVENTS = (Ack, Finish, Error, Lost, Hang, HangWithQuit)
 SEQ_EVENTS = (Ack, Finish, Error, Hang, HangWithQuit)
@@ -311,7 +326,13 @@ class Persist:
     """Store the new status (after every transition)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Rearm:
+    """Restart every worker's silence clock: after an outage each gets a full lost timeout."""
+
+
 class Ignored(enum.Enum):
+    OUTAGE = "outage"  # a loss while the control plane is out (T6n)
     DUPLICATE = "duplicate"
     STALE = "stale"
     FUTURE = "future"  # a seq the master never sent
@@ -326,7 +347,7 @@ class Log:
     transition: str = ""  # the table row, e.g. "T5"
 
 
-Effect = Broadcast | Send | ExitWorker | Quarantine | Persist | Log
+Effect = Broadcast | Send | ExitWorker | Quarantine | Persist | Log | Rearm
 
 
 class MalformedEvent(ValueError):

@@ -43,6 +43,7 @@ class MasterConfig:
     connect_timeout: float = MASTER.connect_timeout  # Pending → Independent (T15)
     lost_timeout: float = MASTER.lost_timeout  # no heartbeat for this long → Lost
     replace_timeout: float = MASTER.replace_timeout  # Restarting longer than this → Stop (T12)
+    outage_limit: float = MASTER.outage_limit  # all silent this long with NATS up: lost (T6n)
     linger: float = MASTER.linger  # after the end: keep re-sending the final order to laggards
     tick: float = 0.05
     rendezvous_addr: str = "127.0.0.1"
@@ -111,6 +112,7 @@ class Master:
         self.last_seen: dict[int, float] = {}
         self._last_tick: float | None = None
         self._loss_grace_until = 0.0
+        self._next_loss_check = 0.0  # silent workers are judged once per lost timeout
         self._stats_at = 0.0
         self.phase_since = time.monotonic()
         self.started = time.monotonic()
@@ -243,6 +245,10 @@ class Master:
         now = time.time()
         if isinstance(effect, m.Persist):  # step puts it first: apply() stored the status
             pass
+        elif isinstance(effect, m.Rearm):
+            mono = time.monotonic()
+            self.last_seen = dict.fromkeys(range(self.cfg.workers), mono)
+            self._next_loss_check = 0.0
         elif isinstance(effect, m.Log):
             if effect.ignored is None:
                 self._note(effect.message, logging.getLevelName(effect.level.upper()))
@@ -350,6 +356,8 @@ class Master:
             return
         else:
             self.last_seen[msg.rank] = time.monotonic()
+            if self.status.outage:  # a worker is heard again: the control plane is back
+                await self.apply(m.ControlPlaneBack())
         if self.observer is not None:
             self.observer.message(msg, event, time.time())
         try:
@@ -390,13 +398,30 @@ class Master:
                 await self._save()
         if st.phase.terminal or now < self._loss_grace_until or self.store_down_since:
             return
-        for pod in st.workers:
-            if pod.incarnation is None or pod.restarting:
-                continue
-            seen = self.last_seen.get(pod.rank, self.started)
-            if now - seen > self.cfg.lost_timeout:
-                self.last_seen[pod.rank] = now  # one Lost per silence
-                await self.apply(m.Lost(pod.rank))
+        silent = {pod.rank: now - self.last_seen.get(pod.rank, self.started)
+                  for pod in st.workers if pod.incarnation is not None and not pod.restarting}
+        silent = {r: t for r, t in silent.items() if t > self.cfg.lost_timeout}
+        if not silent or now < self._next_loss_check:
+            return
+        # What the core needs to tell a control-plane outage from lost workers (T6n): every
+        # rank silent at this instant, and whether the master itself reaches NATS right now.
+        self._next_loss_check = now + self.cfg.lost_timeout
+        nats_ok = await self._reaches_nats()
+        self._last_tick = time.monotonic()  # the probe's wait is not a stall
+        ranks = frozenset(silent)
+        for rank in sorted(silent):
+            await self.apply(m.Lost(rank, silent=ranks, nats_ok=nats_ok,
+                                    outlasted=silent[rank] > self.cfg.outage_limit))
+
+    async def _reaches_nats(self) -> bool:
+        """A round trip to the NATS server (PING/PONG) within a short bound."""
+        if self.nc is None or not self.nc.is_connected:
+            return False
+        try:
+            await self.nc.flush(timeout=max(0.2, min(1.0, self.cfg.lost_timeout / 4)))
+        except Exception:  # noqa: BLE001 - a timeout, a connection lost meanwhile
+            return False
+        return True
 
     async def run(self) -> int:
         """Serve until the job ends: 0 succeeded, 1 failed, 2 conflict, 3 independent,

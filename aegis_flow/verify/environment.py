@@ -34,6 +34,7 @@ from aegis_flow.master.machine import (
     Ack,
     CauseClass,
     ConnectTimeout,
+    ControlPlaneBack,
     Error,
     Event,
     ExitCode,
@@ -65,6 +66,7 @@ class Kind(enum.Enum):
     DUPLICATE = "duplicate"  # the last processed Finish/Error, delivered again
     STALE = "stale"  # a Finish/Error from the previous round (seq - 1)
     STOP = "stop"  # an operator stops the job (T12)
+    OUTAGE = "outage"  # the control plane goes out: every live worker silent at once (T6n)
 
 
 #: first deliveries
@@ -124,6 +126,44 @@ def _lost(w: int) -> Lost:
 
 
 @cache
+def _silent_all(w: int, live: frozenset[int], nats_ok: bool) -> Lost:
+    """The first of the Lost events of a control-plane outage: every live rank silent now."""
+    return Lost(w, silent=live, nats_ok=nats_ok)
+
+
+@cache
+def _outlasted(w: int, live: frozenset[int]) -> Lost:
+    """A silence that outlasted the outage bound while the master reaches NATS."""
+    return Lost(w, silent=live, nats_ok=True, outlasted=True)
+
+
+_BACK = ControlPlaneBack()
+
+
+def _outage_events(status: Status) -> list[tuple[Kind, Event]]:
+    """T6n/T6b. Out of an outage: the control plane comes back (what a cooperating world
+    does), or the silence outlasts the bound (every silent worker is lost), or Stop. Into one:
+    the master cannot reach NATS, or (two or more live workers) every one falls silent."""
+    live = frozenset(live_ranks(status))
+    if status.outage:
+        return [(Kind.COOPERATIVE, _BACK), *((Kind.NORMAL, _outlasted(w, live))
+                                             for w in sorted(live)), (Kind.STOP, _STOP)]
+    if status.phase is Phase.PENDING or not live:
+        return []
+    first = min(live)
+    out = [(Kind.OUTAGE, _silent_all(first, live, False))]
+    if len(live) >= 2:
+        out.append((Kind.OUTAGE, _silent_all(first, live, True)))
+    return out
+
+
+def live_ranks(status: Status) -> list[int]:
+    """The ranks whose heartbeats the master expects (as the runtime judges silence)."""
+    return [p.rank for p in status.workers if p.incarnation is not None and not p.restarting
+            and not (status.phase is Phase.RUNCOMMAND and p.finished)]
+
+
+@cache
 def _hang(w: int, seq: int, quit_: bool, waiting: bool = False) -> Hang | HangWithQuit:
     return HangWithQuit(w, seq, waiting) if quit_ else Hang(w, seq, waiting)
 
@@ -141,7 +181,9 @@ def events(status: Status, *, message_layer: bool) -> list[tuple[Kind, Event]]:
     phase = status.phase
     if phase.terminal:
         return []
-    out: list[tuple[Kind, Event]] = []
+    if status.outage:  # the runtime hears no worker until it says the control plane is back
+        return _outage_events(status)
+    out: list[tuple[Kind, Event]] = _outage_events(status)
     for pod in status.workers:
         out.extend(_worker_events(status, pod, message_layer))
         if status.blame >= 0 and pod.rank != status.blame:
@@ -250,4 +292,5 @@ def _unique(pairs: list[tuple[Kind, Event]]) -> list[tuple[Kind, Event]]:
 
 
 __all__ = ["CAUSES", "COOPERATIVE", "FIRST", "FIRST_INCARNATION", "SYMPTOM_CODES", "Cause",
+           "live_ranks",
            "Kind", "STOP_REASON", "events", "other_incarnation"]

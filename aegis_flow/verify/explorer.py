@@ -167,7 +167,7 @@ class Encoder:
         h = (s.phase._value_, s.seq, s.recover_count, s.should_quit, s.ran, s.checkpoint_step,
              s.run_seq if s.blame >= 0 else -2, s.replaced, s.plan, s.epoch,
              s.give_up_on_repeat, s.l2_after, s.l3_after, s.collective_after, s.rdzv_addr,
-             s.rdzv_base)
+             s.rdzv_base, s.outage)
         return self._join(h, codes)
 
     def _join(self, h: tuple[object, ...], codes: Sequence[int]) -> int:
@@ -422,7 +422,10 @@ def _expand(ctx: _Context, status: Status, sid: int) -> None:
                 if nid not in ctx.starts and flaky_start(status, new):
                     ctx.starts.add(nid)
                     ex.flaky_starts.append((nid, new))
-            elif in_recovery and new.phase in _RECOVERY_PHASES:
+            elif in_recovery and new.phase in _RECOVERY_PHASES and not (
+                    kind is Kind.OUTAGE or new.outage != status.outage):
+                # a flapping control plane is the world's doing, like Stop: its edges are
+                # not a recovery that fails to progress (OutageCountsNothing covers them)
                 rec.add(nid)
     if succ:
         ex.has_progress[sid] = 1

@@ -30,9 +30,12 @@ from dataclasses import dataclass, field
 from aegis_flow.master import policy
 from aegis_flow.master.machine import (
     Ack,
+    Broadcast,
+    ControlPlaneBack,
     Effect,
     Error,
     Event,
+    ExitWorker,
     Finish,
     HangWithQuit,
     Ignored,
@@ -40,8 +43,11 @@ from aegis_flow.master.machine import (
     Lost,
     Order,
     Phase,
+    Quarantine,
+    Send,
     Status,
     current_order,
+    evolve,
     step,
 )
 
@@ -212,12 +218,29 @@ def orders_are_stable(kind: Kind, event: Event, old: Status, new: Status,
                for order in _orders(old))
 
 
+def outage_counts_nothing(kind: Kind, event: Event, old: Status, new: Status,
+                          effects: list[Effect]) -> bool:
+    """T6n/T6b: the control plane going out (every live worker silent at once, or the master
+    cut off from NATS) and coming back change nothing but the outage mark: no count, no
+    failure charged, no order, no phase change; while it is out, a loss is ignored unless it
+    outlasted the outage bound with the master reaching NATS."""
+    if new is old:
+        return True
+    if kind is Kind.OUTAGE or isinstance(event, ControlPlaneBack) or (
+            old.outage and isinstance(event, Lost)
+            and not (event.outlasted and event.nats_ok)):
+        return evolve(new, outage=old.outage) == old and not any(
+            isinstance(e, Broadcast | Send | ExitWorker | Quarantine) for e in effects)
+    return True
+
+
 TRANSITION_INVARIANTS: tuple[EdgeCheck, ...] = (
     ("MasterSeqNumMonotonic", master_seq_monotonic),
     ("NoFinishDoubleProcessed", no_finish_double_processed),
     ("StaleFinishRejected", stale_finish_rejected),
     ("BlameIsEvidence", blame_is_evidence),
     ("OrdersAreStable", orders_are_stable),
+    ("OutageCountsNothing", outage_counts_nothing),
 )
 
 LIVENESS = ("NoDeadlock", "TerminationReachable", "NoEndlessRecovery", "FlakyRankRecovers",

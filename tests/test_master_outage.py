@@ -1,0 +1,92 @@
+"""A control-plane outage is not N lost workers (T6n/T6b), through the master's runtime.
+
+The runtime with the real ``step``, an in-memory store and a NATS stub whose PING round trip
+can be made to fail; silence is played by shifting the real monotonic clock of each worker's
+last heartbeat. The real-process versions (a paused and a killed nats-server) are in
+``tests/test_nats_outage_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aegis_flow.master import machine as m
+from aegis_flow.master.runtime import Master
+from tests.test_master_stall import FakeNats, beat, running_master
+
+
+class PausedNats(FakeNats):
+    reachable = True
+
+    async def flush(self, timeout: float = 1.0) -> None:
+        if not self.reachable:
+            raise TimeoutError("nats: flush timeout")
+
+
+async def _silence(master: Master, ranks: tuple[int, ...], seconds: float) -> None:
+    for r in ranks:
+        master.last_seen[r] -= seconds
+    master._next_loss_check = 0.0
+    await master.tick()
+
+
+def test_every_worker_silent_at_once_counts_nothing_and_restarts_nothing() -> None:
+    async def go() -> None:
+        master = await running_master()
+        seq = master.status.seq
+        await _silence(master, (0, 1), 5.0)
+        st = master.status
+        assert st.outage and st.phase is m.Phase.RUNCOMMAND and st.seq == seq
+        assert st.recover_count == 0 and all(p.retries == 0 for p in st.workers)
+        await _silence(master, (0, 1), 5.0)  # still out: ignored, no decision
+        assert master.status.outage and master.status.recover_count == 0
+        await master.on_message(beat(0, seq))  # a worker is heard: the control plane is back
+        assert not master.status.outage
+        assert master.status.phase is m.Phase.RUNCOMMAND and master.status.seq == seq
+        # rank 1 got a full lost timeout again (Rearm): no loss right away ...
+        await master.tick()
+        assert master.status.phase is m.Phase.RUNCOMMAND
+        # ... but a rank that stays silent after the outage is lost as usual (T6, counted)
+        await _silence(master, (1,), 5.0)
+        assert master.status.phase is m.Phase.RESTARTING
+        assert [p.retries for p in master.status.workers] == [0, 1]
+
+    asyncio.run(go())
+
+
+def test_a_master_cut_off_from_nats_judges_no_single_silence() -> None:
+    async def go() -> None:
+        master = await running_master()
+        nc = PausedNats()
+        master.nc = nc  # type: ignore[assignment]
+        nc.reachable = False
+        await _silence(master, (1,), 5.0)  # one rank silent, but the master is cut off too
+        assert master.status.outage and master.status.recover_count == 0
+        nc.reachable = True
+        await master.on_message(beat(1, master.status.seq))
+        assert not master.status.outage and master.status.phase is m.Phase.RUNCOMMAND
+
+    asyncio.run(go())
+
+
+def test_a_silence_that_outlasts_the_bound_with_nats_up_is_the_workers() -> None:
+    async def go() -> None:
+        master = await running_master()
+        await _silence(master, (0, 1), 5.0)
+        assert master.status.outage
+        await _silence(master, (0, 1), master.cfg.outage_limit)  # NATS answers all along
+        st = master.status
+        assert not st.outage and st.phase is m.Phase.RESTARTING
+        assert st.recover_count == 1  # one counted failure; the other rank is replaced
+
+    asyncio.run(go())
+
+
+def test_one_silent_worker_with_nats_up_is_lost_as_before() -> None:
+    async def go() -> None:
+        master = await running_master()
+        await asyncio.sleep(0)
+        await _silence(master, (1,), 5.0)
+        assert not master.status.outage and master.status.phase is m.Phase.RESTARTING
+
+    asyncio.run(go())
