@@ -151,7 +151,7 @@ def _outage_events(status: Status) -> list[tuple[Kind, Event]]:
     if status.phase is Phase.PENDING or not live:
         return []
     first = min(live)
-    out = [(Kind.OUTAGE, _silent_all(first, live, False))]
+    out: list[tuple[Kind, Event]] = [(Kind.OUTAGE, _silent_all(first, live, False))]
     if len(live) >= 2:
         out.append((Kind.OUTAGE, _silent_all(first, live, True)))
     return out
