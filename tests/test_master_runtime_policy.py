@@ -14,7 +14,7 @@ from fakes import FakeNats, FlakyStore
 from aegis_flow import protocol as p
 from aegis_flow.master import machine as m
 from aegis_flow.master.runtime import Master, MasterConfig, StoreDamaged, summary
-from aegis_flow.master.store import MemoryStore
+from aegis_flow.master.store import MemoryStore, StoreConflict
 
 
 def msg(rank: int, t: p.MsgType, seq: int, inc: str = "", **data: object) -> bytes:
@@ -82,6 +82,26 @@ def test_a_failed_save_sends_nothing_and_the_repeated_report_goes_through() -> N
         await mm.on_message(msg(1, p.MsgType.ERROR, mm.status.seq, cause="SIGKILL"))
         assert mm.status.phase is m.Phase.TROUBLESHOOTING
         assert orders(mm, "troubleshoot") and mm.store_down_since is None
+    asyncio.run(go())
+
+
+def test_a_save_that_timed_out_but_landed_is_not_another_master() -> None:
+    """A paused NATS handles a queued save after it resumes: the store moved one revision on,
+    with our own document. That is not a conflict with another master (exit 2)."""
+    async def go() -> None:
+        store = FlakyStore()
+        mm = master(store, save_retries=0)
+        await to_running(mm)
+        store.down = store.lands = True
+        await mm.on_message(msg(1, p.MsgType.ERROR, mm.status.seq, cause="SIGKILL"))
+        assert mm.status.phase is m.Phase.RUNCOMMAND and store.revision == mm.revision + 1
+        store.down = False
+        await mm.on_message(msg(1, p.MsgType.ERROR, mm.status.seq, cause="SIGKILL"))
+        assert mm.status.phase is m.Phase.TROUBLESHOOTING and mm.revision == store.revision
+        # a document that is not ours still is a conflict
+        store.raw, store.revision = b"{}", store.revision + 1
+        with pytest.raises(StoreConflict):
+            await mm._persist()
     asyncio.run(go())
 
 

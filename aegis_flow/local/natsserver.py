@@ -167,6 +167,7 @@ class EmbeddedNats:
         *,
         binary: str | os.PathLike[str] | None = None,
         host: str = "127.0.0.1",
+        port: int = -1,
         config_file: str | os.PathLike[str] | None = None,
         extra_args: Sequence[str] = (),
         ports_file_dir: str | os.PathLike[str] | None = None,
@@ -176,6 +177,7 @@ class EmbeddedNats:
         self.store_dir = Path(store_dir).absolute()
         self.binary = Path(binary) if binary is not None else None
         self.host = host
+        self.port = port  # -1: a free one, chosen by the server
         self.config_file = Path(config_file) if config_file is not None else None
         self.extra_args = list(extra_args)
         self._own_ports_dir = ports_file_dir is None
@@ -187,6 +189,7 @@ class EmbeddedNats:
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock_fd: int | None = None
         self._url: str | None = None
+        self._bound_port: int | None = None  # the client port it served on (kept after stop)
         self._ports_file: Path | None = None
         self._cmd: list[str] = []
         self._finalizer: weakref.finalize[..., EmbeddedNats] | None = None
@@ -216,7 +219,7 @@ class EmbeddedNats:
         cmd = [str(binary)]
         if self.config_file is not None:
             cmd += ["-c", str(self.config_file)]
-        cmd += ["-a", self.host, "-p", "-1", "-js", "-sd", str(self.store_dir)]
+        cmd += ["-a", self.host, "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
         cmd += ["--ports_file_dir", str(self.ports_file_dir)]
         return cmd + self.extra_args
 
@@ -256,6 +259,7 @@ class EmbeddedNats:
                     ) from exc
             self._finalizer = weakref.finalize(self, _finalize, self._proc, self._lock_fd)
             self._url = self._wait_ready(self._proc)
+            self._bound_port = urlsplit(self._url).port
         except BaseException:
             self.stop(grace=1.0)
             raise
@@ -283,6 +287,17 @@ class EmbeddedNats:
                 os.close(self._lock_fd)
             self._lock_fd = None
         return code
+
+    def successor(self) -> EmbeddedNats:
+        """A new, unstarted server for the same store, config and client port (clients
+        reconnect to the URL they know): what replaces this one after it crashed."""
+        if self._bound_port is None:
+            raise NatsServerError("the embedded nats-server never ran: nothing to replace")
+        return EmbeddedNats(self.store_dir, binary=self.binary, host=self.host,
+                            port=self._bound_port, config_file=self.config_file,
+                            extra_args=self.extra_args,
+                            ports_file_dir=None if self._own_ports_dir else self.ports_file_dir,
+                            log_file=self.log_file, startup_timeout=self.startup_timeout)
 
     def reload(self) -> None:
         """Ask the server to re-read its config file (SIGHUP): e.g. an operator-mode config

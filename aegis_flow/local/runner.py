@@ -48,6 +48,7 @@ from aegis_flow.settings import LOCAL, MASTER, WORKER, check_local, master_timeo
 from aegis_flow.supervisor.child import _die_with_parent
 
 if TYPE_CHECKING:
+    from aegis_flow.local.natsserver import EmbeddedNats
     from aegis_flow.local.status import LastRun
 
 REPLACE_CODES = {int(ExitCode.NODE_FAULT), int(ExitCode.CONTAINER_RESTART)}
@@ -161,6 +162,10 @@ class LocalJob:
         self.subjects = Subjects(cfg.namespace, cfg.job)
         self.stopped_by = ""  # set when the runner, not the master, ends the run
         self._stopping = False  # cleaning up: a second signal is not an exception any more
+        self.server: EmbeddedNats | None = None  # the embedded nats-server (None: external)
+        self._first_master = True  # a master exit 4 (NATS unreachable) is final only at first
+        self._nats_dead: EmbeddedNats | None = None  # the server that died, until replaced
+        self._nats_retry_at = 0.0
 
     def _master_args(self) -> list[str]:
         c = self.cfg
@@ -248,6 +253,8 @@ class LocalJob:
 
     def _write_pids(self) -> None:
         pids = {"runner": os.getpid(), "master": self.master.pid if self.master else None,
+                "nats": self.server.pid if self.server is not None and self.server.running
+                else None,
                 "workers": {str(r): p.pid for r, p in self.workers.items()}}
         tmp = self.state_dir / "pids.json.tmp"
         tmp.write_text(json.dumps(pids))
@@ -377,7 +384,6 @@ class LocalJob:
         (self.state_dir / "work").mkdir(exist_ok=True)
         (self.state_dir / "status.json").unlink(missing_ok=True)
         (self.state_dir / "metrics.port").unlink(missing_ok=True)
-        server = None
         code = 1
         try:
             if self.cfg.nats_url is None:
@@ -387,9 +393,10 @@ class LocalJob:
                 if not self.cfg.secure:
                     _say("WARNING: --insecure-nats: NATS runs WITHOUT authentication; any local "
                          "process can read and forge this job's messages. For debugging only.")
-                server = EmbeddedNats(store_dir=str(self.state_dir / "nats"), config_file=config)
-                server.start()
-                self.url = server.url
+                self.server = EmbeddedNats(store_dir=str(self.state_dir / "nats"),
+                                           config_file=config)
+                self.server.start()
+                self.url = self.server.url
             else:
                 self.url = self.cfg.nats_url
             (self.state_dir / "nats.url").write_text(self.url + "\n")
@@ -416,8 +423,8 @@ class LocalJob:
             _stop(list(self.workers.values()), self.cfg.grace + 2)
             if self.stopped_by and self.url:
                 self._write_record()
-            if server is not None:
-                server.stop()
+            if self.server is not None:
+                self.server.stop()
         return code
 
     def _write_record(self) -> None:
@@ -483,7 +490,16 @@ class LocalJob:
         deadline = float("inf")
         while True:
             assert self.master is not None
+            self._keep_nats()
             rc = self.master.poll()
+            if rc == 4 and not self._first_master and master_code is None:
+                # NATS unreachable for a *restarted* master: the job is not independent, its
+                # control plane is out; try again (the embedded server is being restarted)
+                self._restart("master", rc)
+                time.sleep(1.0)
+                self.master = _spawn(self._master_args(), self.env)
+                self._write_pids()
+                rc = None
             if rc is not None and master_code is None:
                 if rc in MASTER_DONE_CODES:
                     master_code = rc
@@ -491,6 +507,7 @@ class LocalJob:
                         deadline = time.monotonic() + self.cfg.grace + 10
                 else:  # the master died: start it again; it resumes from the stored status
                     self._restart("master", rc)
+                    self._first_master = False
                     self.master = _spawn(self._master_args(), self.env)
                     self._write_pids()
             for rank, proc in list(self.workers.items()):
@@ -511,6 +528,31 @@ class LocalJob:
                 return self._outcome(master_code)
             self.progress.poll()
             time.sleep(0.05)
+
+    def _keep_nats(self) -> None:
+        """The embedded nats-server died: start it again on the same port with the same
+        JetStream store; the master and the workers reconnect to the URL they know, the stored
+        status is where it was. Training is never stopped for it. A start that fails (the port
+        taken meanwhile, the disk full) is tried again every second."""
+        server = self.server
+        if server is None or server.running or time.monotonic() < self._nats_retry_at:
+            return
+        from aegis_flow.local.natsserver import NatsServerError
+
+        if self._nats_dead is None:  # just died
+            code = server.stop()
+            self._restart("nats-server", code if code is not None else -9)
+            self._nats_dead = server
+        try:
+            self.server = self._nats_dead.successor().start()
+        except NatsServerError as exc:
+            first = str(exc).splitlines()[0]
+            _say(f"cannot start nats-server again ({first}); trying again in 1 s")
+            self._nats_retry_at = time.monotonic() + 1.0
+            return
+        self._nats_dead = None
+        _say(f"nats-server is back on {self.server.url}")
+        self._write_pids()
 
     def _restart(self, what: str, code: int) -> None:
         self.restarts += 1

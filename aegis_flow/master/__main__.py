@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+CRASHED = 70  # EX_SOFTWARE: not an outcome of the job (0 succeeded, 1 failed, 2-5: see run)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     a = ap.parse_args(argv)
@@ -133,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(_serve(Master(cfg, security=security, nodes=nodes)))
     except KeyboardInterrupt:
         return 130
+    except Exception:  # noqa: BLE001 - a bug or an unforeseen failure: never "job failed"
+        logging.getLogger("aegis_flow.master").exception(
+            "the master crashed; a master started again resumes from the stored status")
+        return CRASHED
 
 
 async def _serve(master: Master) -> int:

@@ -123,6 +123,8 @@ class Master:
         self.last_applied: tuple[str, float] = ("", 0.0)  # (event type, wall time): benchmarks
         self.tails: dict[int, list[str]] = {}  # each rank's last output lines (display only)
         self.store_down_since: float | None = None  # a save failed: degraded, not dead
+        # documents sent to the store whose save failed (a timeout): one may land later
+        self._unconfirmed: collections.deque[bytes] = collections.deque(maxlen=64)
         self._stats_saved: dict[str, int] = {}
         self.env_reports: dict[int, dict[str, Any]] = {}
         self.bandwidth: dict[int, float] = {}
@@ -144,9 +146,22 @@ class Master:
                           tails={str(r): t for r, t in self.tails.items()}, **extra)
 
     async def _persist(self) -> None:
-        if self.store is not None:
-            self.revision = await self.store.save(self._doc(), self.revision)
-            self._stats_saved = dict(self.stats)
+        if self.store is None:
+            return
+        raw = self._doc()
+        self._unconfirmed.append(raw)
+        try:
+            self.revision = await self.store.save(raw, self.revision)
+        except StoreConflict:
+            # A save that timed out may have landed after all (a paused NATS handles the queued
+            # request when it resumes): the store is one revision on, with our own document.
+            stored, rev = await self.store.load()
+            if stored is None or stored not in self._unconfirmed:
+                raise
+            log.warning("a status save that timed out was stored after all (revision %d)", rev)
+            self.revision = await self.store.save(raw, rev)
+        self._unconfirmed.clear()
+        self._stats_saved = dict(self.stats)
 
     async def _save(self) -> bool:
         """Store the status, retrying a failing store; False if it stays gone (degraded)."""

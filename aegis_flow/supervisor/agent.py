@@ -173,6 +173,8 @@ class Supervisor:
         # the orphan bound (_master_watch): the last sign of a master (an order, or a probe
         # that found one listening), whether we gave up on it, the last run's exit code
         self.master_seen_at = 0.0
+        self._nats_error_at = float("-inf")  # the last NATS error said (rate-limited)
+        self._nats_errors = 0
         self.orphaned = False
         self.command_code: int | None = None
         self.zygote: Zygote | None = None
@@ -476,7 +478,8 @@ class Supervisor:
                 self.cfg.nats_url, connect_timeout=min(self.cfg.connect_timeout, 5.0),
                 max_reconnect_attempts=-1, reconnect_time_wait=0.5, ping_interval=2,
                 max_outstanding_pings=3, allow_reconnect=True,
-                error_cb=self._nats_error, disconnected_cb=None, **auth),
+                error_cb=self._nats_error, disconnected_cb=None,
+                reconnected_cb=self._nats_back, **auth),
                 self.cfg.connect_timeout)
         except Exception as exc:  # noqa: BLE001 - any failure to connect means fall back
             return await self.run_independent(f"cannot reach NATS at {self.cfg.nats_url}: {exc}")
@@ -524,7 +527,19 @@ class Supervisor:
         await self.on_order(msg.data)
 
     async def _nats_error(self, exc: Exception) -> None:
-        _warn(f"NATS: {exc}")
+        """While NATS is out the client fails twice a second: say so once, then every 30 s
+        with a count (training goes on meanwhile; the heartbeats resume on reconnect)."""
+        now = time.monotonic()
+        self._nats_errors += 1
+        if now - self._nats_error_at >= 30.0:
+            more = f" ({self._nats_errors - 1} more since)" if self._nats_errors > 1 else ""
+            _warn(f"NATS: {exc or type(exc).__name__}{more}; training goes on, reconnecting")
+            self._nats_error_at, self._nats_errors = now, 0
+
+    async def _nats_back(self) -> None:
+        if self._nats_error_at > float("-inf"):
+            _warn("NATS: reconnected")
+        self._nats_error_at, self._nats_errors = float("-inf"), 0
 
     async def _beat_loop(self) -> None:
         while True:
