@@ -219,6 +219,7 @@ class LocalJob:
                 c.namespace, "--rank", str(rank), "--world-size", str(c.workers), "--nats-url",
                 self.url, "--node", node, "--heartbeat", str(c.heartbeat), "--grace",
                 str(c.grace), "--master-timeout", str(master_timeout_for(c.connect_timeout)),
+                "--master-connect-timeout", str(c.connect_timeout),
                 "--work-dir", str(self.state_dir / "work"), *injects,
                 *([] if c.prewarm else ["--no-prewarm"]), *hang,
                 *c.extra_worker_args, "--", *c.command]

@@ -13,6 +13,7 @@ import sys
 
 from aegis_flow.argtypes import port, positive_seconds
 from aegis_flow.master.endpoints import DEFAULT_METRICS_PORT
+from aegis_flow.master.model import RDZV_SPAN
 from aegis_flow.master.runtime import Master, MasterConfig
 from aegis_flow.settings import MASTER, ConfigError, check_master, report
 
@@ -42,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--connect-timeout", type=float, default=MASTER.connect_timeout)
     ap.add_argument("--lost-timeout", type=float, default=MASTER.lost_timeout)
     ap.add_argument("--replace-timeout", type=float, default=MASTER.replace_timeout)
+    ap.add_argument("--rendezvous-addr", default="127.0.0.1",
+                    help="where rank 0 hosts each epoch's torch rendezvous (MASTER_ADDR of "
+                    "every rank; default 127.0.0.1, one machine)")
+    ap.add_argument("--rendezvous-port-base", type=int, default=0,
+                    help=f"first port of the job's window of {RDZV_SPAN} rendezvous ports "
+                    "(default 0: a free window is picked once per job)")
     ap.add_argument("--outage-limit", type=float, default=MASTER.outage_limit,
                     help="seconds every worker may stay silent while the master reaches NATS "
                     "before they count as lost rather than a control-plane outage (default "
@@ -88,13 +95,17 @@ CRASHED = 70  # EX_SOFTWARE: not an outcome of the job (0 succeeded, 1 failed, 2
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     a = ap.parse_args(argv)
+    if a.rendezvous_port_base and not 1024 <= a.rendezvous_port_base <= 65535 - RDZV_SPAN:
+        ap.error(f"--rendezvous-port-base {a.rendezvous_port_base} must lie in "
+                 f"1024..{65535 - RDZV_SPAN} (or be 0: pick a free window)")
     cfg = MasterConfig(job=a.job, namespace=a.namespace, workers=a.workers,
                        max_retry=a.max_retry, flap_limit=a.flap_limit, nats_url=a.nats_url,
                        give_up_on_repeat=a.give_up_on_repeat, l2_after=a.l2_after,
                        l3_after=a.l3_after,
                        connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout,
                        replace_timeout=a.replace_timeout, linger=a.linger,
-                       outage_limit=a.outage_limit,
+                       outage_limit=a.outage_limit, rendezvous_addr=a.rendezvous_addr,
+                       rendezvous_port_base=a.rendezvous_port_base,
                        status_file=a.status_file, metrics_port=a.metrics_port,
                        metrics_addr=a.metrics_addr, port_file=a.port_file, log_dir=a.log_dir,
                        gpu_type=a.gpu_type)
@@ -104,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         return report(exc)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="[aegis-flow master] %(message)s")
+    # the NATS client's own error log is a traceback twice a second while NATS is out; the
+    # runtime reports those errors itself (rate-limited)
+    logging.getLogger("nats").setLevel(logging.CRITICAL)
     security = None
     if a.auth_dir:
         from aegis_flow.master.creds import CredsService, SecurityConfig

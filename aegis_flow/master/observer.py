@@ -223,6 +223,16 @@ class Observer:
 
     def _transition(self, before: m.Status, after: m.Status, event: m.Event,
                     effects: list[m.Effect], data: dict[str, Any], now: float) -> None:
+        if after.outage != before.outage:  # T6n / T6b (or an outage outlasted): not a report
+            self._line("outage", now, before.phase.value,
+                       "control-plane outage: every worker silent at once or NATS unreachable; "
+                       "nothing counted or restarted (T6n)" if after.outage else
+                       "control plane back: nothing was counted (T6b)"
+                       if isinstance(event, m.ControlPlaneBack) else
+                       "the silence outlasted the outage limit: the workers are lost",
+                       cause="outage" if after.outage else "outage_end")
+            if after.outage or isinstance(event, m.ControlPlaneBack):
+                return
         ignored = any(isinstance(e, m.Log) and e.ignored is not None for e in effects)
         if not ignored and not (isinstance(event, m.Ack) and after is before):
             self._report(before, after, event, data, now)

@@ -74,6 +74,7 @@ def pick_port_window(addr: str, *, low: int = 20000, high: int = 32000) -> int:
     kernel's ephemeral range (so outgoing connections never take them), every port bindable now.
     Chosen once per job and persisted with its status: the port of each epoch is the core's
     decision (``policy.rendezvous_port``)."""
+    import errno
     import random
 
     rng = random.SystemRandom()
@@ -83,7 +84,9 @@ def pick_port_window(addr: str, *, low: int = 20000, high: int = 32000) -> int:
             for port in range(base, base + RDZV_SPAN):
                 with socket.socket() as s:
                     s.bind((addr, port))
-        except OSError:
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:  # rank 0's host, not ours: cannot test it
+                return base
             continue
         return base
     return low
@@ -113,6 +116,7 @@ class Master:
         self._last_tick: float | None = None
         self._loss_grace_until = 0.0
         self._next_loss_check = 0.0  # silent workers are judged once per lost timeout
+        self._nats_error_at = float("-inf")  # the last NATS client error said (rate-limited)
         self._stats_at = 0.0
         self.phase_since = time.monotonic()
         self.started = time.monotonic()
@@ -428,6 +432,15 @@ class Master:
             await self.apply(m.Lost(rank, silent=ranks, nats_ok=nats_ok,
                                     outlasted=silent[rank] > self.cfg.outage_limit))
 
+    async def _nats_error(self, exc: Exception) -> None:
+        """While NATS is out the client fails twice a second: say it once per 30 s."""
+        now = time.monotonic()
+        self.stats["nats_errors"] += 1
+        if now - self._nats_error_at >= 30.0:
+            self._nats_error_at = now
+            log.warning("NATS: %s; reconnecting (decisions wait for the control plane)",
+                        exc or type(exc).__name__)
+
     async def _reaches_nats(self) -> bool:
         """A round trip to the NATS server (PING/PONG) within a short bound."""
         if self.nc is None or not self.nc.is_connected:
@@ -448,7 +461,7 @@ class Master:
             self.nc = await asyncio.wait_for(nats.connect(
                 self.cfg.nats_url, ping_interval=2, max_outstanding_pings=3,
                 max_reconnect_attempts=-1, reconnect_time_wait=0.5, allow_reconnect=True,
-                connect_timeout=2,
+                connect_timeout=2, error_cb=self._nats_error,
                 **(self.security.connect_options() if self.security else {})), timeout=10)
         except Exception as exc:  # noqa: BLE001 - no NATS: the workers will run on their own
             log.error("cannot reach NATS at %s (%s): workers fall back to plain runs",

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import socket
 import sys
 
 from aegis_flow.argtypes import positive_seconds
 from aegis_flow.outcome import write_outcome
-from aegis_flow.settings import WORKER, ConfigError, check_worker, env_value, report
+from aegis_flow.settings import MASTER, WORKER, ConfigError, check_worker, env_value, report
 from aegis_flow.supervisor.agent import Supervisor, WorkerConfig
 from aegis_flow.supervisor.inject import Injection, InjectionError
 
@@ -46,6 +47,9 @@ def build_parser(prog: str = "aegis-flow worker") -> argparse.ArgumentParser:
     ap.add_argument("--master-timeout", type=float, default=WORKER.master_timeout,
                     help="seconds to wait for the master's first order before falling back; "
                     "more than the master's connect timeout")
+    ap.add_argument("--master-connect-timeout", type=float, default=MASTER.connect_timeout,
+                    help="the master's --connect-timeout, to check --master-timeout against "
+                    f"(default {MASTER.connect_timeout:g})")
     ap.add_argument("--heartbeat", type=float, default=WORKER.heartbeat_interval,
                     help="heartbeat interval (s)")
     ap.add_argument("--grace", type=float, default=WORKER.grace,
@@ -114,12 +118,15 @@ def _parse(argv: list[str], prog: str) -> tuple[WorkerConfig, str]:
                        prewarm=a.prewarm, nkey_seed=a.nkey_seed,
                        hang_after=a.hang_after, hang_quit_after=a.hang_quit_after,
                        creds=a.creds)
-    check_worker(cfg)
+    check_worker(cfg, master_connect_timeout=a.master_connect_timeout)
     return cfg, a.outcome_dir
 
 
 def main(argv: list[str] | None = None, prog: str = "aegis-flow worker") -> int:
     cfg, outcome_dir = parse(list(sys.argv[1:] if argv is None else argv), prog)
+    # the NATS client logs a traceback for every failed reconnect; the supervisor reports NATS
+    # errors itself, once per 30 s (agent._nats_error)
+    logging.getLogger("nats").setLevel(logging.CRITICAL)
     code = 1
     try:
         code = asyncio.run(Supervisor(cfg).run())
