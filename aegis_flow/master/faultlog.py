@@ -1,7 +1,8 @@
 """The structured fault log: JSON lines in a job's log directory, with size-based rotation.
 
 One record per phase start/end (per worker and for the job), per worker report, per
-quarantine, recovery, control-plane outage (start and end) and per job end (the user's summary). Keys: the design's ``PodName,
+quarantine, recovery, control-plane outage (start and end) and per job end (the user's
+summary). Keys: the design's ``PodName,
 PodIP, NodeName, NodeIP, TimeStamp, Phase, Message`` plus ``cause`` and ``level`` (L1 process,
 L2 container, L3 node), and ``rank`` and ``kind`` so that tools need not parse messages.
 
