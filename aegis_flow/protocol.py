@@ -193,8 +193,10 @@ def to_event(msg: Message) -> m.Event:
             fault_class = m.FaultClass(fault) if fault else None
         except ValueError:
             raise ProtocolError(f"unknown fault class {fault!r}") from None
+        shared = msg.data.get("shared")
         return m.Finish(msg.rank, msg.seq, bool(msg.data.get("ok", False)), fault_class,
-                        str(msg.data.get("detail", ""))[:2000])
+                        str(msg.data.get("detail", ""))[:2000],
+                        shared=shared[:300] if isinstance(shared, str) else "")
     if t is MsgType.ERROR:
         code = msg.data.get("cause_code")
         code = code if isinstance(code, str) and code != "unknown" else ""

@@ -93,7 +93,7 @@ Pod0 == [phase |-> "Pending", finished |-> FALSE, retries |-> 0,
          finDone |-> FALSE, errDone |-> FALSE, flaps |-> 0,
          hanging |-> FALSE, exit |-> "none",
          failures |-> 0, cause |-> "none", sig |-> FALSE, waiting |-> FALSE,
-         finRun |-> FALSE, errRun |-> FALSE]
+         finRun |-> FALSE, errRun |-> FALSE, shared |-> FALSE]
 
 Init == st = [phase |-> "Pending", seq |-> 0, recoverCount |-> 0,
               shouldQuit |-> FALSE, ran |-> FALSE, stopped |-> FALSE,
@@ -280,11 +280,25 @@ Judge(p, checks) ==
 Passes(fault, troubleshooting) ==
     fault = "none" \/ fault = "slow" \/ (troubleshooting /\ fault = "transient")
 
+\* T3j: the ranks whose failed storage check of this round waits for the
+\* others' results (one storage fault in this model: every key is the same).
+Held(s) == {y \in Workers : s.w[y].shared /\ s.w[y].finDone}
+Release(s, x) ==
+    ReplaceWorker([s EXCEPT !.w = [y \in Workers |-> [s.w[y] EXCEPT !.shared = FALSE]]],
+                  x, "node-fault", FALSE)
+Hold(s, x) ==
+    LET sh == [s EXCEPT !.w[x].shared = TRUE]
+    IN  IF \E y \in Workers : sh.w[y].finished THEN Release(sh, x)
+        ELSE IF \A y \in Workers : sh.w[y].shared /\ sh.w[y].finDone
+        THEN Fail(sh, FALSE)                                        \* the job's storage
+        ELSE sh
+
 \* s0: the status before the event; s: with the worker's reported seq.
 OnFinish(s0, s, e) ==
     LET x == e.w
         ph == s.phase
-        p == [s.w[x] EXCEPT !.finDone = TRUE, !.finRun = (s.seq = s.runSeq)]
+        p == [s.w[x] EXCEPT !.finDone = TRUE, !.finRun = (s.seq = s.runSeq),
+                            !.shared = FALSE]
         own == IF e.ok THEN e.fault ELSE IF e.fault = "none" THEN "hardware" ELSE e.fault
         fault == IF ph = "Troubleshooting" THEN Judge(p, own) ELSE own
         s2 == [s EXCEPT !.w[x] = p]
@@ -304,9 +318,11 @@ OnFinish(s0, s, e) ==
         ELSE IF p.finished THEN Ignore(s0, "late")
         ELSE IF ~Passes(fault, ph = "Troubleshooting") THEN
             IF ph = "RunCommand" THEN Ignore(s0, "late")
+            ELSE IF e.shared /\ ~e.ok THEN Ok(Hold(s2, x))                \* T3j
             ELSE IF ph = "Troubleshooting" /\ fault = "container"
             THEN Ok(ReplaceWorker(s2, x, "container-restart", FALSE))  \* T10c
             ELSE Ok(ReplaceWorker(s2, x, "node-fault", FALSE))         \* T3/T10
+        ELSE IF Held(s3) # {} THEN Ok(Release(s3, Lowest(Held(s3))))  \* T3j
         ELSE IF ~\A y \in Workers : s3.w[y].finished THEN Ok(s3)
         ELSE IF ph = "RunCommand" THEN                                  \* T4
             Ok([s3 EXCEPT !.phase = "Succeed", !.seq = @ + 1, !.shouldQuit = TRUE,
@@ -394,10 +410,12 @@ AnyWorker == CHOOSE x \in Workers : TRUE
 Ev(type, x, seq, new, ok, fault, quit, kind, cause, waiting) ==
     [type |-> type, w |-> x, seq |-> seq, new |-> new, ok |-> ok,
      fault |-> fault, quit |-> quit, kind |-> kind, cause |-> cause,
-     waiting |-> waiting]
+     waiting |-> waiting, shared |-> FALSE]
 AckE(x, new, seq, kind) == Ev("Ack", x, seq, new, FALSE, "none", FALSE, kind, "none", FALSE)
 FinishE(x, seq, ok, fault, kind) ==
     Ev("Finish", x, seq, FALSE, ok, fault, FALSE, kind, "none", FALSE)
+\* every rank's io check failing on one full shared filesystem (T3j)
+SharedE(x, seq) == [FinishE(x, seq, FALSE, "hardware", "normal") EXCEPT !.shared = TRUE]
 ErrorE(x, seq, cause, kind) ==
     Ev("Error", x, seq, FALSE, FALSE, "none", FALSE, kind, cause, FALSE)
 HangE(x, seq, quit, waiting) ==
@@ -418,7 +436,7 @@ WorkerEvents(s, x) ==
         back == AckE(x, TRUE, IF MessageLayer THEN 0 ELSE q, "cooperative")
         finishes == IF p.finished THEN {}
                     ELSE {FinishE(x, q, TRUE, "none", "cooperative"),
-                          FinishE(x, q, FALSE, "hardware", "normal")}
+                          FinishE(x, q, FALSE, "hardware", "normal"), SharedE(x, q)}
                          \cup (IF s.phase = "Troubleshooting"
                                THEN {FinishE(x, q, FALSE, "container", "normal")}
                                ELSE {})

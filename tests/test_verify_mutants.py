@@ -375,3 +375,24 @@ def test_the_real_core_forgives_an_outage() -> None:
     report = verify(Config(workers=2, max_retry=1, seq_bound=3))
     assert report.verdict("OutageCountsNothing").holds is True
     assert report.verdict("NoEndlessRecovery").holds is True
+
+
+# --------------------------------------------------------------------------- (i) T3j removed
+
+
+def test_a_full_shared_disk_taken_for_node_faults_is_caught(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without T3j every rank's io check failing on one full filesystem quarantined node after
+    node (fault-injection 9a: 8 "nodes" on one tmpfs)."""
+    monkeypatch.setattr(machine, "_hold_shared", lambda status, ev: machine._release(
+        machine._set(status, replace(status.workers[ev.rank], last_reason=ev.detail)),
+        ev.rank))
+    verdict = violated(verify(Config(workers=2, max_retry=1, seq_bound=3)),
+                       "StorageFaultIsTheJobs")
+    assert verdict.trace[-1].event.shared  # type: ignore[union-attr]
+    assert_last_edge_violates(verdict)
+
+
+def test_the_real_core_fails_the_job_for_its_storage() -> None:
+    report = verify(Config(workers=2, max_retry=1, seq_bound=3))
+    assert report.verdict("StorageFaultIsTheJobs").holds is True

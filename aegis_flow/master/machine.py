@@ -494,7 +494,7 @@ def _on_lost(status: Status, ev: Lost) -> Result:
 
 def _on_finish(status: Status, ev: Finish) -> Result:
     phase = status.phase
-    pod = evolve(status.workers[ev.rank], finish_seq=ev.seq)
+    pod = evolve(status.workers[ev.rank], finish_seq=ev.seq, shared="")
     if phase not in (Phase.BOOTCHECKING, Phase.TROUBLESHOOTING, Phase.RUNCOMMAND):
         return _ignore(status, Ignored.LATE, f"Finish(rank {ev.rank}) in {phase.value}")
     if pod.finished:
@@ -508,6 +508,8 @@ def _on_finish(status: Status, ev: Finish) -> Result:
             return _ignore(status, Ignored.LATE,
                            "Finish(not ok) while running: failures are Errors")
         status = _set(status, pod)
+        if ev.shared and not ev.ok:  # T3j: judged when every rank has answered
+            return _hold_shared(status, ev)
         detail = ev.detail or (fault.value if fault else "check failed")
         if ev.ok and pod.cause:
             detail = f"{pod.cause} ({fault.value if fault else ''}, failure "\
@@ -520,6 +522,9 @@ def _on_finish(status: Status, ev: Finish) -> Result:
     inner = Phase.SUCCEED if phase is Phase.RUNCOMMAND else phase
     reason = ev.detail if not ev.ok else pod.last_reason
     status = _set(status, evolve(pod, finished=True, phase=inner, last_reason=reason))
+    held = _held(status)
+    if held:  # a rank passed: the storage failure is not every rank's, it is a node's
+        return _release(status, held[0])
     if not all(p.finished for p in status.workers):
         return status, [Log(f"rank {ev.rank} finished {phase.value}")]
     if phase is Phase.RUNCOMMAND:  # T4
@@ -553,6 +558,42 @@ def _on_finish(status: Status, ev: Finish) -> Result:
     status = evolve(status, workers=workers, ran=True)
     new, more = _broadcast(status, Phase.RUNCOMMAND, row, f"{row}: every check passed; run")
     return new, [*effects, *more]
+
+
+def _held(status: Status) -> list[int]:
+    """The ranks whose failed storage check of this round waits for the others' (T3j)."""
+    return [p.rank for p in status.workers if p.shared and p.finish_seq == status.seq]
+
+
+def _hold_shared(status: Status, ev: Finish) -> Result:
+    """T3j. A rank failed a check of storage the ranks may share (a full or read-only shared
+    filesystem). Judge it when every rank has answered: if every rank failed it the same way,
+    the storage is the job's, not a node's — the job fails with that error in one line and no
+    node is quarantined; if any rank passed, or failed otherwise, it is a node fault (T3/T10)."""
+    pod = evolve(status.workers[ev.rank], shared=ev.shared, last_reason=ev.detail)
+    status = _set(status, pod)
+    if any(p.finished for p in status.workers):
+        return _release(status, ev.rank)
+    held = _held(status)
+    if len(held) < len(status.workers):
+        return status, [Log(f"rank {ev.rank} failed a check of storage the ranks may share "
+                            f"({ev.shared}); judged when every rank has answered")]
+    keys = {p.shared for p in status.workers}
+    if len(keys) > 1:
+        return _release(status, held[0])
+    detail = ev.detail or ev.shared
+    failure = (f"every rank failed the same storage check ({ev.shared}): {detail} — the job's "
+               "storage, not a node: nothing was quarantined")
+    return _fail(status, Outcome.FAILED, f"T3j: {failure}", row="T3j", failure=failure)
+
+
+def _release(status: Status, rank: int) -> Result:
+    """The storage failure of ``rank`` is its node's after all: the usual replacement."""
+    workers = tuple(evolve(p, shared="") if p.shared else p for p in status.workers)
+    status = evolve(status, workers=workers)
+    row = "T3" if status.phase is Phase.BOOTCHECKING else "T10"
+    detail = status.workers[rank].last_reason or "storage check failed"
+    return _replace_worker(status, rank, detail, row, exit_code=ExitCode.NODE_FAULT)
 
 
 def _charge_of(ev: Error) -> Charge:

@@ -95,6 +95,7 @@ class PodInfo:
     cause: str = ""  # the cause code of its open failure ("" = none, or answered)
     cause_class: CauseClass | None = None  # the log classifier's class of that cause
     signature: str = ""  # exception and step of its last charged failure (repeat detection)
+    shared: str = ""  # its failed check of this round hit storage the ranks may share (T3j)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +205,8 @@ class Finish:
     ok: bool
     fault: FaultClass | None = None  # the diagnosis when not ok
     detail: str = ""
+    # a failed check of storage the ranks may share: "io <filesystem> <errno>" (T3j)
+    shared: str = ""
 
 
 @dataclass(frozen=True, slots=True)

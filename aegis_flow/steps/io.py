@@ -47,6 +47,30 @@ def _mbps(nbytes: int, seconds: float) -> float:
     return round(nbytes / MIB / max(seconds, 1e-9), 1)
 
 
+def filesystem_of(path: str | os.PathLike[str], *,
+                  mountinfo: str = "/proc/self/mountinfo") -> str:
+    """The filesystem that holds ``path``: ``"<fstype> <source> <mount point>"`` of the
+    deepest mount containing it (``/proc/self/mountinfo``), or "" where that cannot be read.
+    Ranks whose io check fails on the same filesystem with the same error share the fault."""
+    real = os.path.realpath(path)
+    best: tuple[int, str] = (-1, "")
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 2:
+            continue
+        mount = fields[4].encode().decode("unicode_escape")
+        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) > best[0]:
+            best = (len(mount), f"{tail[0]} {tail[1]} {mount}")
+    return best[1]
+
+
 def probe_io(directory: str | os.PathLike[str], *, size_mib: float = DEFAULT_SIZE_MIB,
              min_mbps: float | None = None) -> Outcome:
     """Write ``size_mib`` MiB, fsync, drop the cache, read back and verify a SHA-256."""
@@ -90,7 +114,7 @@ def probe_io(directory: str | os.PathLike[str], *, size_mib: float = DEFAULT_SIZ
         read_s = time.perf_counter() - t0
     except OSError as exc:
         code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-        data.update(errno=code, step=step)
+        data.update(errno=code, step=step, fs=filesystem_of(root))
         return Outcome(CheckStatus.FAIL,
                        f"io: {step} {path.name} in {root} failed: {code}: {exc.strerror or exc}",
                        data)

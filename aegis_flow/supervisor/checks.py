@@ -95,4 +95,19 @@ async def bootcheck_or_troubleshoot(
     fault = diag.fault.value if diag.fault is not None else None
     report: dict[str, Any] = {"results": [r.to_dict() for r in results],
                               "diagnosis": diag.to_dict()}
+    shared = shared_fault(results)
+    if shared and not ok:
+        report["shared"] = shared
     return ok, fault, diag.reason[:1500], report
+
+
+def shared_fault(results: list[Any]) -> str:
+    """``"io <fstype> <source> <mount point> <errno>"`` when the io check failed with an
+    errno on a known filesystem and no other check failed: a fault every rank on that storage
+    may share (the master's T3j); "" otherwise."""
+    failed = [r for r in results if r.failed]
+    if len(failed) != 1 or failed[0].check_type != "io":
+        return ""
+    data = failed[0].data
+    fs, code = data.get("fs"), data.get("errno")
+    return f"io {fs} {code}" if fs and code else ""

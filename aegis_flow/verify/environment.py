@@ -114,6 +114,15 @@ def _finish(w: int, seq: int, ok: bool, fault: FaultClass | None = None) -> Fini
     return Finish(w, seq, ok, fault)
 
 
+#: what a full shared filesystem makes every rank's io check say (T3j)
+SHARED_FAULT = "io tmpfs tmpfs /shared ENOSPC"
+
+
+@cache
+def _finish_shared(w: int, seq: int) -> Finish:
+    return Finish(w, seq, False, FaultClass.HARDWARE, "io: ENOSPC", shared=SHARED_FAULT)
+
+
 @cache
 def _error(w: int, seq: int, cause: Cause = Cause.UNKNOWN) -> Error:
     text, code, klass, signature = cause.value
@@ -214,6 +223,7 @@ def _worker_events(status: Status, pod: PodInfo, message_layer: bool) -> list[tu
         if not pod.finished:
             out.append((c, _finish(w, seq, True)))
             out.append((n, _finish(w, seq, False, FaultClass.HARDWARE)))
+            out.append((n, _finish_shared(w, seq)))
             if phase is Phase.TROUBLESHOOTING:
                 out.append((n, _finish(w, seq, False, FaultClass.CONTAINER)))
         out += [(n, _lost(w)), (n, new_pod)]

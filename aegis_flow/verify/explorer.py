@@ -140,7 +140,7 @@ class Encoder:
              pod.incarnation is None, pod.seq if self.exact else -1,
              fs == seq, fs == run, es == seq, es == run, pod.flaps, pod.hanging, pod.waiting,
              pod.exit_code, pod.failures, pod.cause, pod.cause_class, pod.signature,
-             r == blame, r == status.culprit)
+             r == blame, r == status.culprit, pod.shared if fs == seq else "")
         return self._intern(t)
 
     def mark(self, code: int) -> int:

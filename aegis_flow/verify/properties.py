@@ -162,6 +162,8 @@ def _evidence_against(rank: int, kind: Kind, event: Event, old: Status, new: Sta
             return pod.incarnation is not None and event.incarnation != pod.incarnation
         if isinstance(event, Finish) and (not event.ok or pod.cause or pod.failures):
             return True  # its failed check: by its result, or by its history (V2)
+    if isinstance(event, Finish) and pod.shared and pod.finish_seq == old.seq:
+        return True  # its failed storage check, held for the others' (T3j), judged now
     if isinstance(event, HangWithQuit) and event.waiting and old.phase is Phase.RUNCOMMAND:
         return pod.hanging and not pod.waiting and not pod.finished  # B2 by the T13 marks
     # B3: the round of checks completes with the blame still on ``rank``
@@ -174,7 +176,8 @@ def blame_is_evidence(kind: Kind, event: Event, old: Status, new: Status,
     """A rank's ``failures`` or ``retries`` grows only on evidence against it: it sent a
     non-symptom report (an Error, a HangWithQuit of a process that does not sleep; a symptom
     too when every other rank has finished its run: no peer can have caused it), it was lost
-    or replaced by a new pod, its check failed (by its result or its history); or it is marked
+    or replaced by a new pod, its check failed (by its result or its history, or a storage
+    check held until the others answered, T3j); or it is marked
     hung and not waiting when a waiting rank reports HangWithQuit (B2); or the round completes
     with the blame on it (B3). T9's alignment of ``retries`` to recoverCount is the one other
     way ``retries`` grows. In particular a peer symptom never raises anyone's count."""
@@ -234,6 +237,24 @@ def outage_counts_nothing(kind: Kind, event: Event, old: Status, new: Status,
     return True
 
 
+def storage_fault_is_the_jobs(kind: Kind, event: Event, old: Status, new: Status,
+                              effects: list[Effect]) -> bool:
+    """T3j: a failed check of storage the ranks may share replaces and quarantines nobody
+    while no rank has passed the round; when every rank has failed it the same way the job
+    fails, charging nobody and quarantining nothing (a full shared disk is not N node faults)."""
+    if new is old or not (isinstance(event, Finish) and event.shared and not event.ok
+                          and old.phase in (Phase.BOOTCHECKING, Phase.TROUBLESHOOTING)):
+        return True
+    others = [p for p in old.workers if p.rank != event.rank]
+    if any(p.finished for p in others):
+        return True
+    touched = any(isinstance(e, ExitWorker | Quarantine) for e in effects) or \
+        new.retries != old.retries
+    if all(p.shared == event.shared and p.finish_seq == old.seq for p in others):
+        return new.phase is Phase.FAILED and not touched
+    return not touched
+
+
 TRANSITION_INVARIANTS: tuple[EdgeCheck, ...] = (
     ("MasterSeqNumMonotonic", master_seq_monotonic),
     ("NoFinishDoubleProcessed", no_finish_double_processed),
@@ -241,6 +262,7 @@ TRANSITION_INVARIANTS: tuple[EdgeCheck, ...] = (
     ("BlameIsEvidence", blame_is_evidence),
     ("OrdersAreStable", orders_are_stable),
     ("OutageCountsNothing", outage_counts_nothing),
+    ("StorageFaultIsTheJobs", storage_fault_is_the_jobs),
 )
 
 LIVENESS = ("NoDeadlock", "TerminationReachable", "NoEndlessRecovery", "FlakyRankRecovers",

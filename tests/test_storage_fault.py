@@ -1,0 +1,119 @@
+"""A full or broken shared filesystem is the job's fault, not N node faults (T3j; review 9a).
+
+The core (``step``), the worker's report of a failed io check (``shared_fault``), and the real
+thing: ``aegis-flow run`` with its state dir on a tmpfs too small for the io check.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aegis_flow import protocol as p
+from aegis_flow.master import machine as m
+from aegis_flow.steps.base import CheckResult, CheckStatus
+from aegis_flow.steps.io import filesystem_of
+from aegis_flow.supervisor.checks import shared_fault
+from tests.jobs import SLEEPER, Job, assert_nothing_left
+
+KEY = "io tmpfs tmpfs /shared ENOSPC"
+
+
+def bootchecking(workers: int = 2) -> m.Status:
+    s = m.initial_status(workers, 3)
+    for r in range(workers):
+        s, _ = m.step(s, m.Ack(r, "i"))
+    assert s.phase is m.Phase.BOOTCHECKING
+    return s
+
+
+def fail_shared(s: m.Status, rank: int, key: str = KEY) -> tuple[m.Status, list[m.Effect]]:
+    return m.step(s, m.Finish(rank, s.seq, False, m.FaultClass.HARDWARE, "io: ENOSPC",
+                              shared=key))
+
+
+def replaced(effects: list[m.Effect]) -> list[int]:
+    return [e.rank for e in effects if isinstance(e, m.ExitWorker | m.Quarantine)]
+
+
+def test_every_rank_failing_the_same_storage_check_fails_the_job_quarantining_nothing() -> None:
+    s, effects = fail_shared(bootchecking(), 0)
+    assert s.phase is m.Phase.BOOTCHECKING and not replaced(effects)  # held
+    s, effects = fail_shared(s, 1)
+    assert s.phase is m.Phase.FAILED and not replaced(effects)
+    assert "nothing was quarantined" in s.failure and KEY in s.failure
+    assert s.retries == (0, 0) and s.error_nodes == frozenset()
+
+
+def test_a_rank_that_passes_makes_the_held_failure_a_node_fault() -> None:
+    s, _ = fail_shared(bootchecking(), 0)
+    s, effects = m.step(s, m.Finish(1, s.seq, True))
+    assert s.phase is m.Phase.RESTARTING and replaced(effects) == [0]
+    assert all(not w.shared for w in s.workers)
+
+
+def test_different_storage_errors_are_node_faults() -> None:
+    s, _ = fail_shared(bootchecking(), 0)
+    s, effects = fail_shared(s, 1, KEY.replace("ENOSPC", "EIO"))
+    assert s.phase is m.Phase.RESTARTING and replaced(effects) == [0]
+
+
+def test_the_finish_message_carries_the_shared_key() -> None:
+    msg = p.Message(job="j", namespace="default", pod_name="j-worker-1", type=p.MsgType.FINISH,
+                    rank=1, seq=1, incarnation="i", data={"ok": False, "fault": "hardware",
+                                                          "detail": "io", "shared": KEY},
+                    timestamp=0.0)
+    event = p.to_event(p.decode(msg.encode(), job="j", namespace="default"))
+    assert isinstance(event, m.Finish) and event.shared == KEY
+
+
+def _io(status: CheckStatus, **data: object) -> CheckResult:
+    return CheckResult.make("io", status, "io", data=data)
+
+
+def test_the_worker_names_the_filesystem_and_errno_of_a_failed_io_check() -> None:
+    fs = filesystem_of("/")
+    assert fs.split()[-1] == "/"
+    assert shared_fault([_io(CheckStatus.FAIL, fs=fs, errno="ENOSPC")]) == f"io {fs} ENOSPC"
+    assert shared_fault([_io(CheckStatus.PASS)]) == ""
+    assert shared_fault([_io(CheckStatus.FAIL, errno="ENOSPC")]) == ""  # no filesystem known
+    other = CheckResult.make("gpu", CheckStatus.FAIL, "gpu")
+    assert shared_fault([_io(CheckStatus.FAIL, fs=fs, errno="EIO"), other]) == ""
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Path:
+    """A 16 MiB tmpfs with 12 MiB already used: the io check's 8 MiB do not fit."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount(8) here")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        (mnt / "filler").write_bytes(b"\0" * (12 << 20))
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.e2e
+def test_a_full_state_disk_fails_the_job_in_one_line_and_quarantines_nothing(
+        small_tmpfs: Path, tmp_path: Path) -> None:
+    """9a: every io check said ENOSPC and the master quarantined 8 "nodes" on one tmpfs."""
+    job = Job(small_tmpfs, ["--workers", "2", "--quiet", "--no-prewarm", "--insecure-nats"],
+              [sys.executable, SLEEPER, "5", "0", str(tmp_path)])
+    rc = job.wait(timeout=120)
+    assert rc == 1, job.output
+    doc = job.status()
+    assert doc["status"]["phase"] == "Failed" and doc["status"]["error_nodes"] == []
+    assert "ENOSPC" in doc["status"]["failure"], doc["status"]
+    assert "quarantined" not in job.output.replace("nothing was quarantined", "")
+    assert "starting it again" not in job.output  # no worker was replaced
+    assert_nothing_left(str(tmp_path))
