@@ -394,6 +394,12 @@ Step(s, e) ==
       [] e.type = "Stop" ->                                             \* T12
             IF s.phase \in Terminal THEN Ignore(s, "late")
             ELSE Ok(Fail([s EXCEPT !.stopped = TRUE], FALSE))
+      [] e.type = "Resume" ->                                           \* T8r
+            IF s.phase \in Terminal \cup {"Pending"} THEN Ignore(s, "late")
+            ELSE Ok(Broadcast([s EXCEPT !.blame = "none",
+                                        !.w = [x \in Workers |->
+                                  [s.w[x] EXCEPT !.restarting = TRUE, !.exit = "none"]]],
+                              "Restarting", TRUE))
       [] e.type = "ConnectTimeout" ->                                   \* T15
             IF s.phase # "Pending" THEN Ignore(s, "late")
             ELSE Ok(Broadcast(s, "Independent", FALSE))
@@ -423,6 +429,8 @@ HangE(x, seq, quit, waiting) ==
        IF waiting THEN "symptom" ELSE "normal", "none", waiting)
 LostE(x) == Ev("Lost", x, 0, FALSE, FALSE, "none", FALSE, "normal", "none", FALSE)
 StopE == Ev("Stop", AnyWorker, 0, FALSE, FALSE, "none", FALSE, "stop", "none", FALSE)
+\* an operator resumes an interrupted job: every worker was started again
+ResumeE == Ev("Resume", AnyWorker, 0, FALSE, FALSE, "none", FALSE, "resume", "none", FALSE)
 TimeoutE == Ev("ConnectTimeout", AnyWorker, 0, FALSE, FALSE, "none", FALSE, "normal",
                "none", FALSE)
 ErrKind(c) == IF c = "symptom" THEN "symptom" ELSE "normal"
@@ -485,7 +493,7 @@ Events(s) ==
     ELSE UNION {WorkerEvents(s, x) \cup LateEvents(s, x)
                 \cup (IF MessageLayer THEN MessageEvents(s, x) ELSE {})
                 : x \in Workers}
-         \cup (IF s.phase = "Pending" THEN {TimeoutE} ELSE {})
+         \cup (IF s.phase = "Pending" THEN {TimeoutE} ELSE {ResumeE})
          \cup {StopE}
 
 -----------------------------------------------------------------------------
@@ -574,12 +582,14 @@ SymptomChargesNobody ==
 
 \* A way on other than Stop: some event changes the status (an edge cut by
 \* the seq bound counts: the job goes on beyond the bound).
+\* What an operator does (stop the job, resume it) is no progress of the job.
+Operator == {"Stop", "Resume"}
 NoDeadlock ==
     st.phase \in Terminal
-    \/ \E e \in Events(st) : e.type # "Stop" /\ Step(st, e).s # st
+    \/ \E e \in Events(st) : e.type \notin Operator /\ Step(st, e).s # st
 
-\* Some event other than Stop would take the job beyond the seq bound.
-CutHere == \E e \in Events(st) : e.type # "Stop" /\ ~InBound(Step(st, e).s)
+\* Some event other than an operator's would take the job beyond the seq bound.
+CutHere == \E e \in Events(st) : e.type \notin Operator /\ ~InBound(Step(st, e).s)
 
 \* Under FairSpec every behaviour ends, or reaches the seq bound.
 Termination == <>(st.phase \in Terminal \/ CutHere)

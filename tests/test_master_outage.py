@@ -90,3 +90,22 @@ def test_one_silent_worker_with_nats_up_is_lost_as_before() -> None:
         assert not master.status.outage and master.status.phase is m.Phase.RESTARTING
 
     asyncio.run(go())
+
+
+def test_a_resumed_job_waits_for_every_worker_and_counts_nothing() -> None:
+    """T8r: ``aegis-flow run --resume`` starts every worker again (new processes, new
+    incarnations); that is planned, not N failures (it used to cost a counted retry, T6)."""
+    s = m.initial_status(2, 3)
+    for r in (0, 1):
+        s, _ = m.step(s, m.Ack(r, "a"))
+    for r in (0, 1):
+        s, _ = m.step(s, m.Finish(r, s.seq, True))
+    assert s.phase is m.Phase.RUNCOMMAND
+    s, effects = m.step(s, m.Resume())
+    assert s.phase is m.Phase.RESTARTING and all(p.restarting for p in s.workers)
+    assert not any(isinstance(e, m.ExitWorker) for e in effects)
+    for r in (0, 1):
+        s, _ = m.step(s, m.Ack(r, "b", seq=0))
+    assert s.phase is m.Phase.TROUBLESHOOTING and s.recover_count == 0 and s.retries == (0, 0)
+    done, effects = m.step(m.evolve(s, phase=m.Phase.SUCCEED), m.Resume())
+    assert done.phase is m.Phase.SUCCEED and effects[0].ignored is m.Ignored.LATE  # type: ignore[union-attr]

@@ -133,6 +133,9 @@ def test_sigterm_record_then_refuse_resume_and_fresh(tmp_path: Path) -> None:
     after = resumed.status()
     assert after["status"]["phase"] == "Succeed" and "stopped_by" not in after
     assert after["status"]["seq"] > doc["status"]["seq"]
+    # every worker was started again by the resume: planned, not a failure (T8r)
+    assert after["status"]["recover_count"] == doc["status"]["recover_count"]
+    assert any("T8r" in e for e in after["events"]), after["events"]
     assert archives(tmp_path) == []
 
     # killed outright (no record at all): the stored status still says "interrupted"

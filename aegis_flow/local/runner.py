@@ -167,9 +167,12 @@ class LocalJob:
         self._nats_dead: EmbeddedNats | None = None  # the server that died, until replaced
         self._nats_retry_at = 0.0
 
-    def _master_args(self) -> list[str]:
+    def _master_args(self, *, first: bool = False) -> list[str]:
+        """The master's command line; ``first``: the run's first master, which on ``--resume``
+        tells the core the workers were all started again (T8r: nothing counted)."""
         c = self.cfg
-        return [sys.executable, "-m", "aegis_flow.master", "--job", c.job, "--namespace",
+        resumed = ["--resumed"] if first and c.rerun == "resume" else []
+        return [sys.executable, "-m", "aegis_flow.master", *resumed, "--job", c.job, "--namespace",
                 c.namespace, "--workers", str(c.workers), "--max-retry", str(c.max_retry),
                 "--nats-url", self.url, "--connect-timeout", str(c.connect_timeout),
                 "--lost-timeout", str(c.lost_timeout),
@@ -403,7 +406,7 @@ class LocalJob:
             (self.state_dir / "nats.url").write_text(self.url + "\n")
             _say(f"job {self.cfg.job}: {self.cfg.workers} workers, max-retry "
                  f"{self.cfg.max_retry}, NATS {self.url}, state in {self.state_dir}")
-            self.master = _spawn(self._master_args(), self.env)
+            self.master = _spawn(self._master_args(first=True), self.env)
             for rank in range(self.cfg.workers):
                 self.workers[rank] = _spawn(self._worker_args(rank), self._worker_env(rank))
             self._write_pids()

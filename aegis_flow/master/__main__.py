@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rendezvous-port-base", type=int, default=0,
                     help=f"first port of the job's window of {RDZV_SPAN} rendezvous ports "
                     "(default 0: a free window is picked once per job)")
+    ap.add_argument("--resumed", action="store_true",
+                    help="an operator resumed this interrupted job: every worker was started "
+                    "again; the master waits for all of them and counts nothing (T8r)")
     ap.add_argument("--outage-limit", type=float, default=MASTER.outage_limit,
                     help="seconds every worker may stay silent while the master reaches NATS "
                     "before they count as lost rather than a control-plane outage (default "
@@ -104,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                        l3_after=a.l3_after,
                        connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout,
                        replace_timeout=a.replace_timeout, linger=a.linger,
-                       outage_limit=a.outage_limit, rendezvous_addr=a.rendezvous_addr,
+                       outage_limit=a.outage_limit, resumed=a.resumed,
+                       rendezvous_addr=a.rendezvous_addr,
                        rendezvous_port_base=a.rendezvous_port_base,
                        status_file=a.status_file, metrics_port=a.metrics_port,
                        metrics_addr=a.metrics_addr, port_file=a.port_file, log_dir=a.log_dir,

@@ -58,6 +58,7 @@ from aegis_flow.master.model import (
     PodInfo,
     Quarantine,
     Rearm,
+    Resume,
     Send,
     Status,
     Stop,
@@ -324,6 +325,15 @@ def _dispatch(status: Status, event: Event, now: float) -> Result:
             Log(f"checkpoint at step {event.step}")]
     if isinstance(event, Lost):
         return _on_lost(status, event)
+    if isinstance(event, Resume):
+        if status.phase.terminal or status.phase is Phase.PENDING:
+            return _ignore(status, Ignored.LATE, f"resume in {status.phase.value}: nothing to do")
+        workers = tuple(evolve(p, restarting=True, exit_code=None) for p in status.workers)
+        # the last run's processes are gone: no late evidence will come, no suspect is kept
+        return _broadcast(evolve(status, workers=workers, outage=False, blame=-1),
+                          Phase.RESTARTING,
+                          "T8r", "T8r: resumed: every worker starts again; nothing is counted",
+                          keep_restarting_phase=True)
     if isinstance(event, ControlPlaneBack):
         if not status.outage:
             return _ignore(status, Ignored.LATE, "control plane back, but no outage was seen")
@@ -677,6 +687,7 @@ __all__ = [
     "Error", "Event", "ExitCode", "ExitWorker", "FaultClass", "Finish", "Hang", "HangWithQuit",
     "Ignored",
     "LIVE_PHASES", "Log", "Lost", "MalformedEvent", "Order", "Outcome", "Persist", "Phase",
-    "PodInfo", "Quarantine", "Rearm", "Send", "Status", "Stop", "TERMINAL_PHASES", "current_order",
+    "PodInfo", "Quarantine", "Rearm", "Resume", "Send", "Status", "Stop", "TERMINAL_PHASES",
+    "current_order",
     "evolve", "initial_status", "step",
 ]

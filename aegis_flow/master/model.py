@@ -265,6 +265,12 @@ class ControlPlaneBack:
 
 
 @dataclass(frozen=True, slots=True)
+class Resume:
+    """An operator resumed an interrupted job (``aegis-flow run --resume``): every worker was
+    started again, a new process; none of it is a failure (T8r)."""
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointDone:
     step: int
 
@@ -283,7 +289,7 @@ class Stop:
 
 Event = (
     Ack | Finish | Error | Lost | Hang | HangWithQuit | CheckpointDone | ConnectTimeout | Stop
-    | ControlPlaneBack
+    | ControlPlaneBack | Resume
 )
 WORKER_EVENTS = (Ack, Finish, Error, Lost, Hang, HangWithQuit)
 SEQ_EVENTS = (Ack, Finish, Error, Hang, HangWithQuit)

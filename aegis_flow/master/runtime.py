@@ -44,6 +44,7 @@ class MasterConfig:
     lost_timeout: float = MASTER.lost_timeout  # no heartbeat for this long → Lost
     replace_timeout: float = MASTER.replace_timeout  # Restarting longer than this → Stop (T12)
     outage_limit: float = MASTER.outage_limit  # all silent this long with NATS up: lost (T6n)
+    resumed: bool = False  # an operator resumed the job: every worker was started again (T8r)
     linger: float = MASTER.linger  # after the end: keep re-sending the final order to laggards
     tick: float = 0.05
     rendezvous_addr: str = "127.0.0.1"
@@ -471,6 +472,8 @@ class Master:
             if self.store is None:
                 self.store = await KVStore.open(self.nc, self.subjects.kv_bucket)
             await self._load()
+            if self.cfg.resumed:  # the core ignores it for a job not yet started or ended
+                await self.apply(m.Resume())
             if self.security is not None:
                 if self.status.phase.terminal:
                     self.security.job_ended()

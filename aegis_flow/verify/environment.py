@@ -45,6 +45,7 @@ from aegis_flow.master.machine import (
     Lost,
     Phase,
     PodInfo,
+    Resume,
     Status,
     Stop,
 )
@@ -67,6 +68,7 @@ class Kind(enum.Enum):
     STALE = "stale"  # a Finish/Error from the previous round (seq - 1)
     STOP = "stop"  # an operator stops the job (T12)
     OUTAGE = "outage"  # the control plane goes out: every live worker silent at once (T6n)
+    RESUME = "resume"  # an operator resumes an interrupted job: every worker restarts (T8r)
 
 
 #: first deliveries
@@ -147,6 +149,7 @@ def _outlasted(w: int, live: frozenset[int]) -> Lost:
 
 
 _BACK = ControlPlaneBack()
+_RESUME = Resume()
 
 
 def _outage_events(status: Status) -> list[tuple[Kind, Event]]:
@@ -201,6 +204,8 @@ def events(status: Status, *, message_layer: bool) -> list[tuple[Kind, Event]]:
             out.extend(_message_layer_events(status, pod))
     if phase is Phase.PENDING:
         out.append((Kind.NORMAL, _TIMEOUT))
+    else:
+        out.append((Kind.RESUME, _RESUME))
     out.append((Kind.STOP, _STOP))
     # only re-deliveries can repeat a first delivery (a heartbeat equal to a returning Ack...)
     return _unique(out) if message_layer else out

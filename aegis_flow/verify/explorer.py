@@ -363,6 +363,11 @@ class _Context:
     starts: set[int] = field(default_factory=set)  # state ids of the flaky starts
 
 
+#: edges that are the world's or an operator's doing, not the job's progress: explored (their
+#: targets are states like any other) but not counted by the liveness properties
+_NOT_PROGRESS = frozenset({Kind.STOP, Kind.RESUME, Kind.OUTAGE})
+
+
 def _expand(ctx: _Context, status: Status, sid: int) -> None:
     """Apply every environment event to ``status`` (state ``sid``) and record the edges."""
     ex, enc, index, add = ctx.ex, ctx.enc, ctx.index, ctx.add
@@ -407,13 +412,14 @@ def _expand(ctx: _Context, status: Status, sid: int) -> None:
             if key == own_key:
                 continue
         if not term and new.seq > bound:
-            ex.cut_edges += 1
-            ex.has_cut[sid] = 1
+            if kind not in _NOT_PROGRESS:
+                ex.cut_edges += 1
+                ex.has_cut[sid] = 1
             continue
         nid = index.get(key)
         if nid is None:
             nid = add(new, key, sid)
-        if kind is Kind.STOP:
+        if kind in _NOT_PROGRESS:
             continue
         succ.add(nid)
         if not term:
@@ -423,9 +429,9 @@ def _expand(ctx: _Context, status: Status, sid: int) -> None:
                     ctx.starts.add(nid)
                     ex.flaky_starts.append((nid, new))
             elif in_recovery and new.phase in _RECOVERY_PHASES and not (
-                    kind is Kind.OUTAGE or new.outage != status.outage):
-                # a flapping control plane is the world's doing, like Stop: its edges are
-                # not a recovery that fails to progress (OutageCountsNothing covers them)
+                    kind in (Kind.OUTAGE, Kind.RESUME) or new.outage != status.outage):
+                # a flapping control plane or an operator's resume is the world's doing, like
+                # Stop: not a recovery that fails to progress (Outage/ResumeCountsNothing)
                 rec.add(nid)
     if succ:
         ex.has_progress[sid] = 1

@@ -237,6 +237,19 @@ def outage_counts_nothing(kind: Kind, event: Event, old: Status, new: Status,
     return True
 
 
+def resume_counts_nothing(kind: Kind, event: Event, old: Status, new: Status,
+                          effects: list[Effect]) -> bool:
+    """T8r: resuming an interrupted job restarts every worker and charges nobody: no count,
+    no failure, no replacement order; the job waits in Restarting for every worker."""
+    if kind is not Kind.RESUME or new is old:
+        return True
+    same = all(p.retries == q.retries and p.failures == q.failures
+               for p, q in zip(new.workers, old.workers, strict=True))
+    return same and new.recover_count == old.recover_count and new.phase is Phase.RESTARTING \
+        and all(p.restarting for p in new.workers) and not any(
+            isinstance(e, ExitWorker | Quarantine) for e in effects)
+
+
 def storage_fault_is_the_jobs(kind: Kind, event: Event, old: Status, new: Status,
                               effects: list[Effect]) -> bool:
     """T3j: a failed check of storage the ranks may share replaces and quarantines nobody
@@ -263,6 +276,7 @@ TRANSITION_INVARIANTS: tuple[EdgeCheck, ...] = (
     ("OrdersAreStable", orders_are_stable),
     ("OutageCountsNothing", outage_counts_nothing),
     ("StorageFaultIsTheJobs", storage_fault_is_the_jobs),
+    ("ResumeCountsNothing", resume_counts_nothing),
 )
 
 LIVENESS = ("NoDeadlock", "TerminationReachable", "NoEndlessRecovery", "FlakyRankRecovers",
