@@ -9,6 +9,9 @@ last heartbeat. The real-process versions (a paused and a killed nats-server) ar
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+
+import pytest
 
 from aegis_flow.master import machine as m
 from aegis_flow.master.runtime import Master
@@ -109,3 +112,41 @@ def test_a_resumed_job_waits_for_every_worker_and_counts_nothing() -> None:
     assert s.phase is m.Phase.TROUBLESHOOTING and s.recover_count == 0 and s.retries == (0, 0)
     done, effects = m.step(m.evolve(s, phase=m.Phase.SUCCEED), m.Resume())
     assert done.phase is m.Phase.SUCCEED and effects[0].ignored is m.Ignored.LATE  # type: ignore[union-attr]
+
+
+def test_the_runtime_monitor_reports_a_planted_bug_and_decides_nothing(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Every live transition is checked against the model checker's invariants: a core that
+    takes an outage for lost workers (T6n removed) is caught on the spot — an error line, the
+    counter, a fault-log record — and the (wrong) decision itself is left as it is."""
+    from aegis_flow.master.faultlog import read_records
+    from aegis_flow.master.monitor import kind_of, violations
+    from aegis_flow.verify.environment import Kind
+
+    async def go(planted: bool) -> Master:
+        if planted:
+            monkeypatch.setattr(m, "_outage", lambda status, ev: False)
+        master = await running_master()
+        from aegis_flow.master.observer import make_observer
+
+        master.observer = make_observer(job="j", namespace="default", workers=2, gpu_type="",
+                                        log_dir=str(tmp_path / ("bad" if planted else "ok")))
+        await _silence(master, (0, 1), 5.0)
+        master.observer.close("end", 0.0)
+        return master
+
+    healthy = asyncio.run(go(False))
+    assert healthy.status.outage and healthy.stats["invariant_violations"] == 0
+    broken = asyncio.run(go(True))
+    assert broken.status.phase is m.Phase.RESTARTING  # the wrong decision stands ...
+    assert broken.stats["invariant_violations"] >= 1  # ... and is reported
+    assert any("INVARIANT OutageCountsNothing" in e for e in broken.events)
+    records = list(read_records(tmp_path / "bad"))
+    assert any(r.get("cause") == "invariant" for r in records), records
+    assert broken.observer is not None and b'aegis_invariant_violations_total{name="Outage' \
+        in broken.observer.render()
+    # the monitor's labelling of what the world did
+    st = healthy.status
+    assert kind_of(m.evolve(st, outage=False), m.Lost(0, frozenset({0, 1}))) is Kind.OUTAGE
+    assert kind_of(m.evolve(st, outage=False), m.Lost(0)) is Kind.NORMAL
+    assert violations(st, m.Resume(), st, []) == []

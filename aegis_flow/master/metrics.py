@@ -65,6 +65,10 @@ class MasterMetrics:
             "aegis_worker_replacements", "Workers told to leave so that they are replaced: "
             "L2 container restart, L3 node fault (rescheduled elsewhere)", ("level",),
             registry=r)
+        self.invariant_violations = Counter(
+            "aegis_invariant_violations", "Live transitions that broke an invariant of the "
+            "model checker (the runtime monitor, master/monitor.py), by invariant", ("name",),
+            registry=r)
         self.reports = Counter(
             "aegis_reports", "Worker reports the master processed (duplicates and stale ones "
             "excluded), by type", ("type",), registry=r)

@@ -210,6 +210,14 @@ class Observer:
             g[4].set(step)
         g[5].set(1)
 
+    def violation(self, name: str, event: m.Event, phase: str, now: float) -> None:
+        """The runtime monitor found a broken invariant (master/monitor.py)."""
+        if self.metrics is not None:
+            self.metrics.invariant_violations.labels(name).inc()
+        self._line("report", now, phase, f"invariant {name} broken by {type(event).__name__}",
+                   cause="invariant")
+        self._flush()
+
     def transition(self, before: m.Status, after: m.Status, event: m.Event,
                    effects: list[m.Effect], now: float) -> None:
         """After ``step``: reports, phase starts/ends, recoveries, counters and gauges."""

@@ -45,6 +45,7 @@ class MasterConfig:
     replace_timeout: float = MASTER.replace_timeout  # Restarting longer than this → Stop (T12)
     outage_limit: float = MASTER.outage_limit  # all silent this long with NATS up: lost (T6n)
     resumed: bool = False  # an operator resumed the job: every worker was started again (T8r)
+    monitor: bool = True  # check the model's invariants on every live transition (monitor.py)
     linger: float = MASTER.linger  # after the end: keep re-sending the final order to laggards
     tick: float = 0.05
     rendezvous_addr: str = "127.0.0.1"
@@ -246,6 +247,8 @@ class Master:
                 effects = effects[1:]
             self.status = new
             self.last_applied = (type(event).__name__, time.time())
+            if new is not before_status and self.cfg.monitor:
+                self._monitor(before_status, event, new, effects)
             if self.observer is not None:
                 self.observer.transition(before_status, new, event, effects, time.time())
             if self._timing and not isinstance(event, m.Ack) and new is not before_status:
@@ -260,6 +263,19 @@ class Master:
             for effect in effects:
                 await self._execute(effect)
             return True
+
+    def _monitor(self, before: m.Status, event: m.Event, after: m.Status,
+                 effects: list[m.Effect]) -> None:
+        """The model checker's invariants on this live transition (master/monitor.py): a
+        violation is reported (log, metric, fault log), never acted on."""
+        from aegis_flow.master.monitor import violations
+
+        for name in violations(before, event, after, [m.Persist(), *effects]):
+            self.stats["invariant_violations"] += 1
+            self._note(f"INVARIANT {name} broken by {event!r} in {before.phase.value}",
+                       logging.ERROR)
+            if self.observer is not None:
+                self.observer.violation(name, event, before.phase.value, time.time())
 
     async def _execute(self, effect: m.Effect) -> None:
         now = time.time()
