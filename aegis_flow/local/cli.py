@@ -243,7 +243,7 @@ def _status(a: argparse.Namespace) -> int:
         subjects = p.Subjects(a.namespace, a.job)
         raw = asyncio.run(_fetch(url, subjects, _auth_options(a, subjects)))
     except Exception as exc:  # noqa: BLE001
-        print(f"aegis-flow status: cannot reach NATS at {url}: {exc or type(exc).__name__}",
+        print(f"aegis-flow status: cannot reach NATS at {url}: {str(exc) or type(exc).__name__}",
               file=sys.stderr)
         return 2
     if raw is None:
@@ -286,7 +286,7 @@ def _stop(a: argparse.Namespace) -> int:
     try:
         asyncio.run(send())
     except Exception as exc:  # noqa: BLE001
-        print(f"aegis-flow stop: cannot reach NATS at {url}: {exc or type(exc).__name__}",
+        print(f"aegis-flow stop: cannot reach NATS at {url}: {str(exc) or type(exc).__name__}",
               file=sys.stderr)
         return 2
     print(f"asked job {a.namespace}/{a.job} to stop")

@@ -455,7 +455,7 @@ class LocalJob:
             raw = asyncio.run(read_stored_status(self.url, self.subjects, self._nats_options()))
         except Exception as exc:  # noqa: BLE001 - NATS gone too: nothing to read
             _say(f"no final status written: the stored status cannot be read "
-                 f"({exc or type(exc).__name__})")
+                 f"({str(exc) or type(exc).__name__})")
             return
         if raw is None:
             _say("no final status written: the master had stored none yet")

@@ -183,7 +183,8 @@ class Master:
                     if self.store_down_since is None:
                         self.store_down_since = time.monotonic()
                     log.error("cannot store the status (%s): the transition is held back; "
-                              "training goes on, loss detection is paused", exc or type(exc))
+                              "training goes on, loss detection is paused",
+                              str(exc) or type(exc).__name__)
                     return False
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
@@ -456,7 +457,7 @@ class Master:
         if now - self._nats_error_at >= 30.0:
             self._nats_error_at = now
             log.warning("NATS: %s; reconnecting (decisions wait for the control plane)",
-                        exc or type(exc).__name__)
+                        str(exc) or type(exc).__name__)
 
     async def _reaches_nats(self) -> bool:
         """A round trip to the NATS server (PING/PONG) within a short bound."""

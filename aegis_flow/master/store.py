@@ -116,7 +116,7 @@ class KVStore:
 
     @classmethod
     async def open(cls, nc: Any, bucket: str, *, create: bool = True) -> KVStore:
-        js = nc.jetstream()
+        js = nc.jetstream(timeout=2.0)  # a save retries (runtime._save): fail fast
         try:
             kv = await js.key_value(bucket)
         except Exception:  # noqa: BLE001 - nats raises BucketNotFoundError / NotFoundError
