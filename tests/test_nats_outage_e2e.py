@@ -21,7 +21,7 @@ import pytest
 from tests.jobs import TRAIN, Job, assert_nothing_left
 
 ARGS = ["--workers", "2", "--quiet", "--max-retry", "3", "--lost-timeout", "3"]
-STEPS, STEP_TIME = 240, 0.1  # ≈ 24 s of training: the faults land while it runs
+STEPS, STEP_TIME = 240, 0.05  # ≈ 12 s of training: the faults land while it runs
 
 
 def train(tmp: Path) -> list[str]:

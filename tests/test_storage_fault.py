@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,4 +117,68 @@ def test_a_full_state_disk_fails_the_job_in_one_line_and_quarantines_nothing(
     assert "ENOSPC" in doc["status"]["failure"], doc["status"]
     assert "quarantined" not in job.output.replace("nothing was quarantined", "")
     assert "starting it again" not in job.output  # no worker was replaced
+    assert_nothing_left(str(tmp_path))
+
+
+@pytest.fixture
+def state_tmpfs(tmp_path: Path) -> Path:
+    """A 64 MiB tmpfs for the state dir (the NATS store, the work dir), to fill up."""
+    mnt = tmp_path / "state"
+    mnt.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount(8) here")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.e2e
+def test_a_state_disk_full_mid_training_ends_cleanly(state_tmpfs: Path, tmp_path: Path) -> None:
+    """9b: the state disk filled to 100 % mid-training, then a rank killed: the master died on
+    a KV timeout, no status.json. Now nats-server's write error holds every decision (nothing
+    is decided on unsaved state, nothing killed) until the disk has room and the runner has
+    restarted nats-server; then the held reports are decided. Which decision depends on when
+    the troubleshoot's io check ran: on the full disk, every rank fails it the same way — the
+    job's storage (T3j): Failed in one line naming ENOSPC, nothing quarantined; after room came
+    back, it passes and the rank recovers in place. Both are clean ends; anything else fails."""
+    from tests.jobs import TRAIN
+
+    job = Job(state_tmpfs, ["--workers", "2", "--quiet", "--max-retry", "3",
+                            "--inject", "crash:rank=1:after=6s"],
+              [sys.executable, TRAIN, "--steps", "200", "--step-time", "0.05",
+               "--checkpoint-dir", str(tmp_path / "ck")])
+    try:
+        job.wait_for("[rank 0] step 10", timeout=120)
+        filler = state_tmpfs / "filler"
+        with open(filler, "wb") as fh:  # every byte left
+            try:
+                while True:
+                    fh.write(b"\0" * (1 << 20))
+                    fh.flush()
+            except OSError:
+                pass
+        job.wait_for("AEGIS_KILLED rank 1", timeout=60)
+        job.wait_for("nats-server cannot write its store", timeout=60)
+        time.sleep(3.0)
+        filler.unlink()  # room again: nats-server is restarted, the held reports decided
+        rc = job.wait(timeout=180)
+    finally:
+        if job.proc.poll() is None:
+            job.proc.terminate()
+            job.proc.wait(timeout=60)
+    doc = job.status()
+    st = doc["status"]
+    assert "the NATS store has room again: restarting nats-server" in job.output
+    assert "master ended" not in job.output and "master crashed" not in job.output
+    assert st["error_nodes"] == [] and "quarantined" not in job.output.replace(
+        "nothing was quarantined", "")
+    if st["phase"] == "Failed":  # the io check ran on the full disk: the job's storage
+        assert rc == 1 and "ENOSPC" in st["failure"] and "T3j" in job.output, job.output
+    else:  # the io check ran after room came back: recovered in place
+        assert (rc, st["phase"], st["recover_count"]) == (0, "Succeed", 1), job.output
     assert_nothing_left(str(tmp_path))

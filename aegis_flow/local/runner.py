@@ -56,6 +56,7 @@ REPLACE_CODES = {int(ExitCode.NODE_FAULT), int(ExitCode.CONTAINER_RESTART)}
 MASTER_DONE_CODES = {0, 1, 2, 3, 4, 5}
 INDEPENDENT_CODES = {3, 4}
 RERUN_CHOICES = ("new", "resume", "fresh")
+NATS_ROOM = 16 << 20  # free bytes in the NATS store before a server that hit ENOSPC restarts
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,9 @@ class LocalJob:
         self._first_master = True  # a master exit 4 (NATS unreachable) is final only at first
         self._nats_dead: EmbeddedNats | None = None  # the server that died, until replaced
         self._nats_retry_at = 0.0
+        self._nats_log_at = 0  # how far the server's log was read (critical write errors)
+        self._nats_log_check = 0.0
+        self._nats_write_error = False  # the store hit a write error: restart once it has room
 
     def _master_args(self, *, first: bool = False) -> list[str]:
         """The master's command line; ``first``: the run's first master, which on ``--resume``
@@ -539,6 +543,8 @@ class LocalJob:
         status is where it was. Training is never stopped for it. A start that fails (the port
         taken meanwhile, the disk full) is tried again every second."""
         server = self.server
+        if server is not None and server.running:
+            self._nats_store_check(server)
         if server is None or server.running or time.monotonic() < self._nats_retry_at:
             return
         from aegis_flow.local.natsserver import NatsServerError
@@ -557,6 +563,40 @@ class LocalJob:
         self._nats_dead = None
         _say(f"nats-server is back on {self.server.url}")
         self._write_pids()
+
+    def _nats_store_check(self, server: EmbeddedNats) -> None:
+        """A JetStream write error (a full disk) leaves the stream refusing every write until
+        the server restarts, even once the disk has room. Once a second: read the new lines of
+        the server's log; after a critical write error, restart the server as soon as its
+        store has room again (the status store then works again; nothing is lost)."""
+        now = time.monotonic()
+        if now - self._nats_log_check < 1.0:
+            return
+        self._nats_log_check = now
+        try:
+            with open(server.log_file, "rb") as fh:
+                fh.seek(self._nats_log_at)
+                new = fh.read()
+                self._nats_log_at = fh.tell()
+        except OSError:
+            return
+        if b"critical write error" in new:
+            if not self._nats_write_error:
+                _say("nats-server cannot write its store (disk full?); it is restarted once "
+                     "the disk has room; meanwhile nothing is decided, training goes on")
+            self._nats_write_error = True
+        if not self._nats_write_error:
+            return
+        try:
+            st = os.statvfs(server.store_dir)
+        except OSError:
+            return
+        if st.f_bavail * st.f_frsize < NATS_ROOM:
+            return
+        self._nats_write_error = False
+        _say("the NATS store has room again: restarting nats-server")
+        server.stop()  # _keep_nats starts its successor on the same port and store
+        self._nats_log_at = 0
 
     def _restart(self, what: str, code: int) -> None:
         self.restarts += 1

@@ -15,6 +15,7 @@ process, so standalone it is always ``not_applicable``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -168,9 +169,16 @@ def handle_check(args: argparse.Namespace) -> int:
     results = run_checks(args.which, opts)
     if args.out:
         tmp = f"{args.out}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump([r.to_dict() for r in results], fh, default=str)
-        os.replace(tmp, args.out)
+        try:
+            with open(tmp, "w") as fh:
+                json.dump([r.to_dict() for r in results], fh, default=str)
+            os.replace(tmp, args.out)
+        except OSError as exc:  # a full disk: say so in one line, the results stay unsent
+            print(f"aegis-flow check: cannot write the results to {args.out}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            return 3
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=2, default=str))
     else:

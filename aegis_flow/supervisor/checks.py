@@ -76,7 +76,9 @@ async def bootcheck_or_troubleshoot(
     rendezvous = data.get("rendezvous") if needs_rendezvous(plan) else None
     if rendezvous is None:
         plan = [c for c in plan if not needs_rendezvous([c])]
-    fd, out = tempfile.mkstemp(prefix=".aegis-checks-", suffix=".json", dir=work_dir)
+    # the results travel through the system's temp dir, not the work dir: a full work disk is
+    # what the io check should report, not a reason for the report to be lost
+    fd, out = tempfile.mkstemp(prefix=".aegis-checks-", suffix=".json")
     os.close(fd)
     os.unlink(out)
     try:
