@@ -18,14 +18,17 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(BIN)/python -m aegis_flow.demo
 
+# unit, property and model tests on both cores (pure CPU work); then the end-to-end jobs one at
+# a time (their timings are real: lost timeouts, pauses, recoveries)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not e2e" -n 2
+	$(BIN)/python -m pytest -q -m e2e
 	$(BIN)/ruff check aegis_flow tests bench examples workflows
 	$(BIN)/mypy
 
 # the inner loop: unit, property and model tests, no end-to-end job processes (make test runs all)
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not e2e"
+	$(BIN)/python -m pytest -q -m "not e2e" -n 2
 	$(BIN)/ruff check aegis_flow tests bench examples workflows
 
 verify: $(STAMP)

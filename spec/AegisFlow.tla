@@ -53,10 +53,12 @@ CONSTANTS Workers,        \* the ranks, e.g. {w1, w2, w3}; ordered by name
           SeqBound,       \* explore live states with seq <= SeqBound
           L2After,        \* failures on its node from which a rank restarts its container
           L3After,        \* ... from which its node is quarantined
-          GiveUpOnRepeat  \* R1: the same user error twice in a row fails the job (T16)
+          GiveUpOnRepeat, \* R1: the same user error twice in a row fails the job (T16)
+          Resumes         \* TRUE: an operator may resume the job in any live phase (T8r)
 
 ASSUME MaxRetry \in Nat /\ FlapLimit \in Nat /\ SeqBound \in Nat
 ASSUME MessageLayer \in BOOLEAN /\ Workers # {} /\ GiveUpOnRepeat \in BOOLEAN
+ASSUME Resumes \in BOOLEAN
 ASSUME L2After \in Nat /\ L3After \in Nat /\ 1 <= L2After /\ L2After <= L3After
 
 VARIABLE st
@@ -493,7 +495,8 @@ Events(s) ==
     ELSE UNION {WorkerEvents(s, x) \cup LateEvents(s, x)
                 \cup (IF MessageLayer THEN MessageEvents(s, x) ELSE {})
                 : x \in Workers}
-         \cup (IF s.phase = "Pending" THEN {TimeoutE} ELSE {ResumeE})
+         \cup (IF s.phase = "Pending" THEN {TimeoutE}
+               ELSE IF Resumes THEN {ResumeE} ELSE {})
          \cup {StopE}
 
 -----------------------------------------------------------------------------

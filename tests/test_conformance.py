@@ -62,7 +62,7 @@ def test_termination_holds_under_fairness() -> None:
     FairSpec, with the whole policy environment. MaxRetry = 0 keeps TLC's liveness check
     short (W=2 R=1 takes over a minute here); the counted failures then end the job at
     once, the policy's rounds (T5s, B2, B3, T10c, T16) are all still there."""
-    config = replace(P0_SMALL, max_retry=0)
+    config = replace(P0_SMALL, max_retry=0, resume=False)  # an operator: no liveness
     lines, result = spec_states(config, timeout=600, liveness=True)
     assert result.ok, result.output[-3000:]
     print(f"Termination W2 R0: {result.distinct:,} distinct states, {result.seconds:.1f} s")

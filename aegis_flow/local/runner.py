@@ -561,8 +561,8 @@ class LocalJob:
             self._nats_retry_at = time.monotonic() + 1.0
             return
         self._nats_dead = None
+        self._write_pids()  # before saying so: whoever reads the line finds the new pid
         _say(f"nats-server is back on {self.server.url}")
-        self._write_pids()
 
     def _nats_store_check(self, server: EmbeddedNats) -> None:
         """A JetStream write error (a full disk) leaves the stream refusing every write until

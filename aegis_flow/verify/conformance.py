@@ -108,7 +108,8 @@ def config_from_cfg(cfg_text: str) -> Config:
                       message_layer=consts["MessageLayer"] == "TRUE",
                       seq_bound=int(consts["SeqBound"]), symmetry=False,
                       l2_after=int(consts["L2After"]), l3_after=int(consts["L3After"]),
-                      give_up_on_repeat=consts["GiveUpOnRepeat"] == "TRUE")
+                      give_up_on_repeat=consts["GiveUpOnRepeat"] == "TRUE",
+                      resume=consts.get("Resumes", "TRUE") == "TRUE")
     except (KeyError, ValueError) as exc:
         raise ValueError(f"not a configuration of {SPEC_NAME}: {exc}") from exc
 
@@ -126,7 +127,7 @@ def spec_cfg(config: Config, *, liveness: bool = False) -> str:
                       properties=("MasterSeqNumMonotonic", "Termination") if liveness else (),
                       specification="FairSpec" if liveness else "Spec",
                       l2_after=config.l2_after, l3_after=config.l3_after,
-                      give_up_on_repeat=config.give_up_on_repeat)
+                      give_up_on_repeat=config.give_up_on_repeat, resumes=config.resume)
 
 
 def spec_states(config: Config, *, cfg_text: str | None = None, liveness: bool = False,
@@ -171,7 +172,7 @@ def code_trace(config: Config, targets: set[str]) -> Difference | None:
         status, key = queue.popleft()
         if status.phase.terminal:
             continue
-        for _, event in events(status, message_layer=config.message_layer):
+        for _, event in events(status, message_layer=config.message_layer, resume=config.resume):
             new, _ = machine.step(status, event)
             if new is status or (not new.phase.terminal and new.seq > config.seq_bound):
                 continue
@@ -250,7 +251,7 @@ def spec_trace(config: Config, targets: list[str], *, spec: Path | None = None,
                          seq_bound=config.seq_bound, invariants=("NotReached",),
                          extra_constants=[f"{w} = {w}" for w in names],
                          l2_after=config.l2_after, l3_after=config.l3_after,
-                         give_up_on_repeat=config.give_up_on_repeat)
+                         give_up_on_repeat=config.give_up_on_repeat, resumes=config.resume)
         result = run_tlc(probe, cfg, timeout=timeout, extra_modules=[spec])
     if result.violated_invariant != "NotReached" or not result.trace:
         return None

@@ -185,7 +185,8 @@ def other_incarnation(incarnation: str | None) -> str:
     return "1" if incarnation == FIRST_INCARNATION else FIRST_INCARNATION
 
 
-def events(status: Status, *, message_layer: bool) -> list[tuple[Kind, Event]]:
+def events(status: Status, *, message_layer: bool,
+           resume: bool = True) -> list[tuple[Kind, Event]]:
     """Every (kind, event) the environment can produce from ``status``, without repeats.
 
     Terminal phases produce nothing: a finished job stays as it is (no stuttering steps).
@@ -204,7 +205,7 @@ def events(status: Status, *, message_layer: bool) -> list[tuple[Kind, Event]]:
             out.extend(_message_layer_events(status, pod))
     if phase is Phase.PENDING:
         out.append((Kind.NORMAL, _TIMEOUT))
-    else:
+    elif resume:
         out.append((Kind.RESUME, _RESUME))
     out.append((Kind.STOP, _STOP))
     # only re-deliveries can repeat a first delivery (a heartbeat equal to a returning Ack...)

@@ -99,6 +99,7 @@ class Config:
     symmetry: bool = False
     exact: bool = False  # keep every worker's reported seq in the key (what a dump needs)
     max_states: int = 5_000_000
+    resume: bool = True  # offer the operator's resume (T8r) in every live phase but Pending
     # the recovery policy's settings (``initial_status``; their defaults)
     give_up_on_repeat: bool = True
     l2_after: int = 2
@@ -382,7 +383,7 @@ def _expand(ctx: _Context, status: Status, sid: int) -> None:
     checks = [(n, c) for n, c in ctx.transition_invariants if n not in ex.edge_violations]
     succ: set[int] = set()
     rec: set[int] = set()
-    evs = events(status, message_layer=ctx.config.message_layer)
+    evs = events(status, message_layer=ctx.config.message_layer, resume=ctx.config.resume)
     ex.transitions += len(evs)
     for kind, event in evs:
         new, effects = step(status, event)
@@ -497,7 +498,7 @@ def trace(ex: Exploration, ids: Sequence[int],
     out = [TraceStep(0, None, None, cur)]
     for target in ids[1:]:
         want = ex.keys[target]
-        for kind, event in events(cur, message_layer=cfg.message_layer):
+        for kind, event in events(cur, message_layer=cfg.message_layer, resume=cfg.resume):
             new, _ = step(cur, event)
             if enc.encode(new) == want:
                 cur = new

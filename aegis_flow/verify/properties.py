@@ -547,7 +547,7 @@ def cooperative_closure(ex: Exploration) -> Closure:
         if len(c.nodes) >= cfg.max_states:
             c.exceeded = True
             break
-        for kind, event in events(status, message_layer=cfg.message_layer):
+        for kind, event in events(status, message_layer=cfg.message_layer, resume=cfg.resume):
             if kind not in COOPERATIVE:
                 continue
             new, effects = step(status, event)
@@ -634,7 +634,8 @@ def _closure_trace(ex: Exploration, c: Closure, v: int) -> list[TraceStep]:
 def _hop(ex: Exploration, steps: list[TraceStep], want: int) -> None:
     """Extend ``steps`` by a cooperative event whose result has key ``want``."""
     enc, cur = ex.encoder, steps[-1].status
-    for kind, event in events(cur, message_layer=ex.config.message_layer):
+    for kind, event in events(cur, message_layer=ex.config.message_layer,
+                                     resume=ex.config.resume):
         if kind in COOPERATIVE and enc.encode(step(cur, event)[0]) == want:
             extend(steps, kind, event)
             return
@@ -713,7 +714,7 @@ def _replacement_trace(ex: Exploration, closure: Closure, seed: int) -> list[Tra
     queue: deque[tuple[Status, int, tuple[int, int]]] = deque([(start, -1, root)])
     while queue:
         status, rank, node = queue.popleft()
-        for kind, event in events(status, message_layer=cfg.message_layer):
+        for kind, event in events(status, message_layer=cfg.message_layer, resume=cfg.resume):
             if kind not in COOPERATIVE:
                 continue
             new, effects = step(status, event)

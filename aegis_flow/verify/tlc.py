@@ -469,7 +469,7 @@ def render_cfg(*, workers: int, max_retry: int, flap_limit: int = 3, message_lay
                seq_bound: int, invariants: Sequence[str] = (), properties: Sequence[str] = (),
                specification: str = "Spec", extra_constants: Sequence[str] = (),
                symmetry: bool = False, l2_after: int = 2, l3_after: int = 3,
-               give_up_on_repeat: bool = True) -> str:
+               give_up_on_repeat: bool = True, resumes: bool = True) -> str:
     """A TLC model configuration for ``spec/AegisFlow.tla``; workers are ``w1..wN`` (in rank
     order: the spec's ``Lowest`` relies on it).
 
@@ -480,6 +480,7 @@ def render_cfg(*, workers: int, max_retry: int, flap_limit: int = 3, message_lay
              f"    FlapLimit = {flap_limit}", f"    MessageLayer = {_b(message_layer)}",
              f"    SeqBound = {seq_bound}", f"    L2After = {l2_after}",
              f"    L3After = {l3_after}", f"    GiveUpOnRepeat = {_b(give_up_on_repeat)}",
+             f"    Resumes = {_b(resumes)}",
              *(f"    {c}" for c in extra_constants), f"SPECIFICATION {specification}"]
     if symmetry:
         lines.append("SYMMETRY Symmetry")
