@@ -182,3 +182,29 @@ def test_a_state_disk_full_mid_training_ends_cleanly(state_tmpfs: Path, tmp_path
     else:  # the io check ran after room came back: recovered in place
         assert (rc, st["phase"], st["recover_count"]) == (0, "Succeed", 1), job.output
     assert_nothing_left(str(tmp_path))
+
+
+def test_a_storage_failure_is_reported_in_the_io_checks_own_words() -> None:
+    """The Finish of a shared storage failure carries the io check's detail, not the generic
+    diagnosis (which names L3): the job's one-line failure is the storage's error."""
+    import asyncio
+
+    from aegis_flow.supervisor import checks
+
+    fs = filesystem_of("/")
+    io = CheckResult.make("io", CheckStatus.FAIL, "io: writing x in /w failed: ENOSPC: No "
+                          "space left on device", data={"fs": fs, "errno": "ENOSPC"})
+
+    async def fake_run_plan(*_a: object, **_k: object) -> tuple[list[CheckResult], str]:
+        return [io], ""
+
+    real = checks.run_plan
+    checks.run_plan = fake_run_plan  # type: ignore[assignment]
+    try:
+        ok, fault, detail, report = asyncio.run(checks.bootcheck_or_troubleshoot(
+            m.Order.BOOTCHECK, {"checks": ["io"]}, rank=0, world_size=1, work_dir="/tmp",
+            env={}, starters=[]))
+    finally:
+        checks.run_plan = real  # type: ignore[assignment]
+    assert not ok and fault == "hardware" and report["shared"] == f"io {fs} ENOSPC"
+    assert detail.startswith("io: writing x") and "L3" not in detail

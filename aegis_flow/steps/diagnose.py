@@ -70,7 +70,9 @@ def _failed(*checks: str) -> Callable[[Facts], bool]:
 
 TABLE: tuple[Row, ...] = (
     Row("D1", "gpu or rdma failed", "hardware", _failed("gpu", "rdma"), False),
-    Row("D2", "io failed (node-local storage fault)", "hardware", _failed("io"), False),
+    Row("D2", "io failed (node-local storage fault; every rank failing it the same way on one "
+        "filesystem is the job's storage: the job fails, nothing quarantined, T3j)", "hardware",
+        _failed("io"), False),
     Row("D3", "allreduce_connection failed (this rank cannot join a collective)", "hardware",
         _failed("allreduce_connection"), False),
     Row("D4", "runtime failed (CUDA/driver/torch unusable)", "container", _failed("runtime"),

@@ -98,8 +98,9 @@ async def bootcheck_or_troubleshoot(
     report: dict[str, Any] = {"results": [r.to_dict() for r in results],
                               "diagnosis": diag.to_dict()}
     shared = shared_fault(results)
-    if shared and not ok:
+    if shared and not ok:  # the storage's own words: the master may end the job with them (T3j)
         report["shared"] = shared
+        return ok, fault, next(r.detail for r in results if r.failed)[:1500], report
     return ok, fault, diag.reason[:1500], report
 
 
