@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -43,11 +44,22 @@ def rank_lines(job: Job, text: str) -> int:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The checksum of the same training, undisturbed."""
+    """The checksum of the same training, undisturbed: both ranks started bare (no aegis-flow,
+    no sleep per step; the arithmetic is the same)."""
+    from aegis_flow.master.runtime import free_port
+
     tmp = tmp_path_factory.mktemp("reference")
-    job = Job(tmp, ARGS, train(tmp))
-    assert job.wait(timeout=180) == 0, job.output
-    return checksum(job)
+    port = str(free_port())
+    argv = [sys.executable, TRAIN, "--steps", str(STEPS), "--step-time", "0",
+            "--checkpoint-dir", str(tmp / "ck")]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={
+        **os.environ, "OMP_NUM_THREADS": "1", "RANK": str(r), "LOCAL_RANK": str(r),
+        "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+        "AEGIS_RESTART_COUNT": "0"}) for r in (0, 1)]
+    outs = [p.communicate(timeout=180)[0].decode(errors="replace") for p in procs]
+    found = re.findall(r"params checksum (\S+)", outs[0])
+    assert found and all(p.returncode == 0 for p in procs), outs
+    return found[-1]
 
 
 @pytest.fixture
