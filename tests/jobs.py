@@ -22,9 +22,11 @@ TRAIN = str(ROOT / "examples" / "train_ddp.py")
 class Output:
     """A process whose stdout and stderr are collected line by line (waitable)."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, *, label: str = "",
+                 **popen: Any) -> None:
+        self.label = label  # names the process in a failed wait's message
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     env=env, cwd=str(cwd))
+                                     env=env, cwd=str(cwd), **popen)
         self.lines: list[str] = []
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -43,7 +45,9 @@ class Output:
             while sum(text in line for line in self.lines) < count:
                 left = deadline - time.monotonic()
                 if left <= 0 or self.proc.poll() is not None and not self._reader.is_alive():
-                    raise AssertionError(f"{text!r} x{count} not seen; output:\n{self.output}")
+                    who = f"{self.label}: " if self.label else ""
+                    raise AssertionError(f"{who}{text!r} x{count} not seen; output:\n"
+                                         f"{self.output}")
                 self._cond.wait(min(left, 0.2))
 
     @property

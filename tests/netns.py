@@ -29,9 +29,11 @@ import re
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
+
+from aegis_flow.local.runs import pid_alive
+from tests.jobs import Output
 
 PREFIX = "aegis-pt-"
 HUB_ADDR = "198.18.0.1"
@@ -72,16 +74,6 @@ def why_unavailable() -> str | None:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _kill_inside(ns: str) -> None:
     """SIGKILL whatever still runs in namespace ``ns`` (the test's own namespace)."""
     res = _ip("netns", "pids", ns, check=False)
@@ -97,7 +89,7 @@ def remove_stale() -> None:
     for line in res.stdout.splitlines():
         name = line.split()[0] if line.split() else ""
         m = re.match(rf"^{re.escape(PREFIX)}(\d+)-", name)
-        if m and not _pid_alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             _kill_inside(name)
             _ip("netns", "del", name, check=False)
 
@@ -188,42 +180,19 @@ class Network:
                 if line.split() and line.split()[0].startswith(self.tag)]
 
 
-class NsProc:
+class NsProc(Output):
     """A process started inside a namespace (``ip netns exec``), in its own process group, with
-    its output collected line by line (waitable), like ``tests.jobs.Output``."""
+    its output collected line by line (waitable): ``tests.jobs.Output``."""
 
     def __init__(self, net: Network, host: str, argv: list[str], env: dict[str, str],
                  cwd: Path, label: str) -> None:
-        self.label = label
         self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(net.exec_argv(host, argv), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=env, cwd=str(cwd),
-                                     start_new_session=True)
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            with self._cond:
-                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
-                self._cond.notify_all()
+        super().__init__(net.exec_argv(host, argv), env, cwd, label=label,
+                         start_new_session=True)
 
     def seen(self, text: str) -> int:
         with self._cond:
             return sum(text in line for line in self.lines)
-
-    def wait_for(self, text: str, timeout: float = 60.0, count: int = 1) -> None:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while sum(text in line for line in self.lines) < count:
-                left = deadline - time.monotonic()
-                if left <= 0 or self.proc.poll() is not None and not self._reader.is_alive():
-                    raise AssertionError(f"{self.label}: {text!r} x{count} not seen; output:\n"
-                                         f"{self.output}")
-                self._cond.wait(min(left, 0.2))
 
     def appears(self, text: str, timeout: float) -> bool:
         """Whether ``text`` shows up in the output within ``timeout`` seconds."""
@@ -250,7 +219,3 @@ class NsProc:
             self.proc.wait(timeout=10)
         self._reader.join(timeout=5)
 
-    @property
-    def output(self) -> str:
-        with self._cond:
-            return "\n".join(self.lines)

@@ -88,7 +88,6 @@ def test_a_silence_that_outlasts_the_bound_with_nats_up_is_the_workers() -> None
 def test_one_silent_worker_with_nats_up_is_lost_as_before() -> None:
     async def go() -> None:
         master = await running_master()
-        await asyncio.sleep(0)
         await _silence(master, (1,), 5.0)
         assert not master.status.outage and master.status.phase is m.Phase.RESTARTING
 

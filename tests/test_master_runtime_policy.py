@@ -168,3 +168,20 @@ def test_the_stored_stats_follow_without_a_transition() -> None:
         await mm.tick()
         assert store.raw is not None and json.loads(store.raw)["stats"]["invalid"] == 1
     asyncio.run(go())
+
+
+def test_a_master_crash_exits_70_which_the_runner_restarts(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """An unforeseen exception in the master is not an outcome of the job: exit 70 (logged
+    with its traceback), never 1 ("job failed"); ``aegis-flow run`` starts such a master
+    again (the kill -9 of a real master: tests/test_local_e2e.py and the soak)."""
+    from aegis_flow.local.runner import MASTER_DONE_CODES
+    from aegis_flow.master import __main__ as entry
+
+    async def crash(self: Master) -> int:
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(Master, "run", crash)
+    code = entry.main(["--job", "j", "--workers", "1", "--nats-url", "nats://127.0.0.1:1"])
+    assert code == entry.CRASHED == 70 and code not in MASTER_DONE_CODES
+    assert "the master crashed" in caplog.text and "RuntimeError: planted" in caplog.text

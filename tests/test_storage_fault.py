@@ -6,10 +6,12 @@ thing: ``aegis-flow run`` with its state dir on a tmpfs too small for the io che
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -86,22 +88,28 @@ def test_the_worker_names_the_filesystem_and_errno_of_a_failed_io_check() -> Non
     assert shared_fault([_io(CheckStatus.FAIL, fs=fs, errno="EIO"), other]) == ""
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Path:
-    """A 16 MiB tmpfs with 12 MiB already used: the io check's 8 MiB do not fit."""
-    mnt = tmp_path / "small"
+@contextlib.contextmanager
+def tmpfs(mnt: Path, size_mib: int) -> Iterator[Path]:
+    """A tmpfs of ``size_mib`` MiB mounted at ``mnt`` (skips where it cannot be mounted)."""
     mnt.mkdir()
     if shutil.which("mount") is None:
         pytest.skip("no mount(8) here")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs",
+                           str(mnt)], capture_output=True, text=True)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
     try:
-        (mnt / "filler").write_bytes(b"\0" * (12 << 20))
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs with 12 MiB already used: the io check's 8 MiB do not fit."""
+    with tmpfs(tmp_path / "small", 16) as mnt:
+        (mnt / "filler").write_bytes(b"\0" * (12 << 20))
+        yield mnt
 
 
 @pytest.mark.e2e
@@ -121,20 +129,10 @@ def test_a_full_state_disk_fails_the_job_in_one_line_and_quarantines_nothing(
 
 
 @pytest.fixture
-def state_tmpfs(tmp_path: Path) -> Path:
+def state_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 64 MiB tmpfs for the state dir (the NATS store, the work dir), to fill up."""
-    mnt = tmp_path / "state"
-    mnt.mkdir()
-    if shutil.which("mount") is None:
-        pytest.skip("no mount(8) here")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "state", 64) as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.mark.e2e
@@ -184,7 +182,8 @@ def test_a_state_disk_full_mid_training_ends_cleanly(state_tmpfs: Path, tmp_path
     assert_nothing_left(str(tmp_path))
 
 
-def test_a_storage_failure_is_reported_in_the_io_checks_own_words() -> None:
+def test_a_storage_failure_is_reported_in_the_io_checks_own_words(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The Finish of a shared storage failure carries the io check's detail, not the generic
     diagnosis (which names L3): the job's one-line failure is the storage's error."""
     import asyncio
@@ -198,13 +197,9 @@ def test_a_storage_failure_is_reported_in_the_io_checks_own_words() -> None:
     async def fake_run_plan(*_a: object, **_k: object) -> tuple[list[CheckResult], str]:
         return [io], ""
 
-    real = checks.run_plan
-    checks.run_plan = fake_run_plan  # type: ignore[assignment]
-    try:
-        ok, fault, detail, report = asyncio.run(checks.bootcheck_or_troubleshoot(
-            m.Order.BOOTCHECK, {"checks": ["io"]}, rank=0, world_size=1, work_dir="/tmp",
-            env={}, starters=[]))
-    finally:
-        checks.run_plan = real  # type: ignore[assignment]
+    monkeypatch.setattr(checks, "run_plan", fake_run_plan)
+    ok, fault, detail, report = asyncio.run(checks.bootcheck_or_troubleshoot(
+        m.Order.BOOTCHECK, {"checks": ["io"]}, rank=0, world_size=1, work_dir="/tmp",
+        env={}, starters=[]))
     assert not ok and fault == "hardware" and report["shared"] == f"io {fs} ENOSPC"
     assert detail.startswith("io: writing x") and "L3" not in detail

@@ -45,7 +45,7 @@ class RunLock:
                 break
             except BlockingIOError:
                 holder = _pid_in(self.path)
-                if (holder and _alive(holder)) or time.monotonic() > deadline:
+                if (holder and pid_alive(holder)) or time.monotonic() > deadline:
                     os.close(fd)
                     return holder
                 time.sleep(0.05)
@@ -70,7 +70,8 @@ def _pid_in(path: Path) -> int:
         return 0
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one we may not signal counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -85,7 +86,7 @@ def running_pid(job_dir: Path) -> int | None:
     if it is alive and the lock is held (a pid reused by another process is not a run)."""
     path = job_dir / LOCK_FILE
     pid = _pid_in(path)
-    if not pid or not _alive(pid):
+    if not pid or not pid_alive(pid):
         return None
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -47,7 +47,8 @@ def build_parser(prog: str = "aegis-flow worker") -> argparse.ArgumentParser:
     ap.add_argument("--master-timeout", type=float, default=WORKER.master_timeout,
                     help="seconds to wait for the master's first order before falling back; "
                     "more than the master's connect timeout")
-    ap.add_argument("--master-connect-timeout", type=float, default=MASTER.connect_timeout,
+    ap.add_argument("--master-connect-timeout", type=positive_seconds,
+                    default=MASTER.connect_timeout,
                     help="the master's --connect-timeout, to check --master-timeout against "
                     f"(default {MASTER.connect_timeout:g})")
     ap.add_argument("--heartbeat", type=float, default=WORKER.heartbeat_interval,
