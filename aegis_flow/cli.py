@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aegis-flow", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_verify(sub)
+    from aegis_flow.argo.rehearse import cli as rehearse_cli
     from aegis_flow.bundle import cli as bundle_cli
     from aegis_flow.k8s import cli as k8s_cli
     from aegis_flow.local import cli as local_cli
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     argo_cli.add_parsers(sub)
     bundle_cli.add_parsers(sub)
     k8s_cli.add_parsers(sub)
+    rehearse_cli.add_parsers(sub)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""``aegis-flow rehearse``: a local Argo Workflows executor (see docs/argo.md)."""

@@ -1,0 +1,173 @@
+"""The pod Argo's controller would create for a container or script node (PURE).
+
+Follows ``workflow/controller/workflowpod.go`` ``createWorkflowPod`` (v4.0.5): the main container
+is named ``main``; ``initContainers`` and ``sidecars`` are the template's; volumes are the
+workflow's plus the template's; ``nodeSelector``, ``tolerations``, ``affinity``,
+``serviceAccountName`` and ``automountServiceAccountToken`` come from the template, else the
+workflow spec; ``activeDeadlineSeconds`` is the template's or the time left before the
+workflow's deadline, whichever is smaller (ignored for exit-handler pods); the workflow's then the
+template's ``podSpecPatch`` are applied as strategic merge patches (``util.ApplyPodSpecPatch``);
+and only then does ``retryStrategy.affinity.nodeAntiAffinity`` add ``kubernetes.io/hostname
+NotIn <hosts of failed attempts>`` (``retry_tweak.go`` ``RetryOnDifferentHost``,
+``workflow/util/retry/retry.go`` ``AddHostnamesToAffinity``), so the two compose.
+
+Pod names follow ``workflow/util/pod_name.go`` ``GeneratePodName`` (POD_NAMES v2):
+``<workflow>-<template>-<fnv32a(node name)>``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+HOST_LABEL = "kubernetes.io/hostname"  # RETRY_HOST_NAME_LABEL_KEY's default
+
+
+def fnv32a(text: str) -> int:
+    h = 0x811C9DC5
+    for b in text.encode():
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+def node_id(workflow: str, name: str) -> str:
+    """``Workflow.NodeID`` (pkg/apis/workflow/v1alpha1/workflow_types.go)."""
+    return workflow if name == workflow else f"{workflow}-{fnv32a(name)}"
+
+
+def pod_name(workflow: str, node_name: str, template: str) -> str:
+    """``GeneratePodName`` v2 (workflow/util/pod_name.go)."""
+    if workflow == node_name:
+        return workflow
+    prefix = f"{workflow}-{template}" if template else workflow
+    return f"{prefix[:242]}-{fnv32a(node_name)}"
+
+
+def add_hostnames_to_affinity(hosts: list[str], affinity: dict[str, Any] | None
+                              ) -> dict[str, Any]:
+    """``AddHostnamesToAffinity`` (workflow/util/retry/retry.go), branch for branch."""
+    req = {"key": HOST_LABEL, "operator": "NotIn", "values": list(hosts)}
+    source = {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [dict(req)]}]}}
+    if not affinity:
+        return {"nodeAffinity": source}
+    affinity = copy.deepcopy(affinity)
+    if not affinity.get("nodeAffinity"):
+        affinity["nodeAffinity"] = source
+        return affinity
+    target = affinity["nodeAffinity"].get("requiredDuringSchedulingIgnoredDuringExecution")
+    if not target:
+        affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] = \
+            source["requiredDuringSchedulingIgnoredDuringExecution"]
+        return affinity
+    terms = target.get("nodeSelectorTerms") or []
+    if not terms:
+        target["nodeSelectorTerms"] = source["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"]
+        return affinity
+    for term in terms:
+        exprs = term.get("matchExpressions") or []
+        if not exprs:
+            term["matchExpressions"] = [dict(req)]
+            return affinity
+        for e in exprs:
+            if e.get("key") == HOST_LABEL and e.get("operator") == "NotIn":
+                merged = list(e.get("values") or []) + hosts
+                e["values"] = list(dict.fromkeys(merged))
+                return affinity
+    terms[0].setdefault("matchExpressions", []).append(dict(req))
+    return affinity
+
+
+def build_pod_spec(tmpl: dict[str, Any], wf_spec: dict[str, Any], *, script: bool,
+                   active_deadline: int | None, failed_hosts: list[str] | None
+                   ) -> dict[str, Any]:
+    """The pod spec for one attempt of a container/script template (already substituted)."""
+    if script:
+        main = {k: v for k, v in tmpl["script"].items() if k != "source"}
+    else:
+        main = dict(tmpl["container"])
+    main["name"] = "main"
+    containers = [main, *[dict(s) for s in tmpl.get("sidecars") or []]]
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": containers,
+        "volumes": [*(wf_spec.get("volumes") or []), *(tmpl.get("volumes") or [])],
+    }
+    if tmpl.get("initContainers"):
+        spec["initContainers"] = [dict(c) for c in tmpl["initContainers"]]
+    for key in ("nodeSelector", "tolerations", "affinity", "serviceAccountName",
+                "automountServiceAccountToken", "terminationGracePeriodSeconds",
+                "priorityClassName", "schedulerName", "securityContext", "hostAliases"):
+        value = tmpl.get(key, wf_spec.get(key))
+        if value is not None:
+            spec[key] = copy.deepcopy(value)
+    if active_deadline is not None:
+        spec["activeDeadlineSeconds"] = active_deadline
+    for patch in (wf_spec.get("podSpecPatch"), tmpl.get("podSpecPatch")):
+        if patch:
+            spec = strategic_merge_patch(spec, _parse_patch(patch))
+    if failed_hosts:
+        spec["affinity"] = add_hostnames_to_affinity(failed_hosts, spec.get("affinity"))
+    return spec
+
+
+class PatchError(ValueError):
+    pass
+
+
+# patchMergeKey of the PodSpec lists (k8s.io/api/core/v1/types.go ``patchStrategy:"merge"``);
+# a list not named here is replaced whole (e.g. tolerations, nodeSelectorTerms, args)
+_MERGE_KEYS = {"containers": "name", "initContainers": "name", "ephemeralContainers": "name",
+               "volumes": "name", "env": "name", "volumeMounts": "mountPath",
+               "ports": "containerPort", "imagePullSecrets": "name", "hostAliases": "ip",
+               "topologySpreadConstraints": "topologyKey", "volumeDevices": "devicePath",
+               "resourceClaims": "name"}
+
+
+def strategic_merge_patch(target: Any, patch: Any, key: str = "") -> Any:
+    """A strategic merge patch on a PodSpec (what ``util.ApplyPodSpecPatch`` calls,
+    ``strategicpatch.StrategicMergePatch(..., apiv1.PodSpec{})``): maps merge recursively, a
+    ``null`` deletes, lists with a patch merge key merge item by item on that key, other lists
+    are replaced."""
+    if isinstance(patch, dict) and isinstance(target, dict):
+        out = dict(target)
+        for k, v in patch.items():
+            if v is None:
+                out.pop(k, None)
+            elif k in out:
+                out[k] = strategic_merge_patch(out[k], v, k)
+            else:
+                out[k] = copy.deepcopy(v)
+        return out
+    if isinstance(patch, list) and isinstance(target, list) and key in _MERGE_KEYS:
+        mk = _MERGE_KEYS[key]
+        out_list = [copy.deepcopy(x) for x in target]
+        for item in patch:
+            match = next((i for i, x in enumerate(out_list) if isinstance(x, dict)
+                          and isinstance(item, dict) and x.get(mk) == item.get(mk)), None)
+            if match is None:
+                out_list.append(copy.deepcopy(item))
+            else:
+                out_list[match] = strategic_merge_patch(out_list[match], item)
+        return out_list
+    return copy.deepcopy(patch)
+
+
+def _parse_patch(text: str | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(text, dict):
+        return text
+    try:
+        value = json.loads(text)
+    except ValueError:
+        import yaml  # podSpecPatch may be YAML (util.ApplyPodSpecPatch converts it)
+
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise PatchError(f"Error applying PodSpecPatch: {exc}") from None
+    if not isinstance(value, dict):
+        raise PatchError(f"Error applying PodSpecPatch: not an object: {text!r}")
+    return value
+
