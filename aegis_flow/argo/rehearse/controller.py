@@ -149,7 +149,7 @@ class Operator:
         boundary_node = self.nodes.get(boundary) if boundary else None
         display = name[len(boundary_node["name"]):] if boundary_node and \
             name.startswith(boundary_node["name"]) else name
-        display = re.sub(r"^\.", "", display)
+        display = re.sub(r"^(\[\d+\])?\.", "", display)  # stepsOrDagSeparator
         node: dict[str, Any] = {"id": nid, "name": name, "displayName": display, "type": typ,
                                 "templateName": template, "phase": phase,
                                 "boundaryID": boundary, "startedAt": rfc3339(self.now())}
@@ -237,10 +237,12 @@ class Operator:
         if not self.fulfilled(node):
             return False
         on_exit = None
-        if self.spec.get("onExit"):
+        exit_hook = self.spec.get("onExit") or \
+            ((self.spec.get("hooks") or {}).get("exit") or {}).get("template")
+        if exit_hook:  # WorkflowSpec.GetExitHook: onExit, else hooks.exit
             exit_name = f"{self.name}.onExit"
             try:
-                on_exit = self.execute_template(exit_name, {"template": self.spec["onExit"]},
+                on_exit = self.execute_template(exit_name, {"template": exit_hook},
                                                 {}, boundary="", on_exit=True,
                                                 flag={"hooked": True})
             except NodeErr as exc:
@@ -399,7 +401,7 @@ class Operator:
         if v.reason in ("Killed", "workflow completed") and not any(
                 c.exit_code is not None for c in v.containers.values()):
             return "Error", "pod deleted"
-        order = {"init": 0, "main": 1, "sidecar": 3}
+        order = {"init": 0, "main": 1, "wait": 2, "sidecar": 3}
         main_ok = False
         for c in sorted(v.containers.values(), key=lambda c: order[c.kind]):
             if not c.started and c.kind != "init":
@@ -449,9 +451,21 @@ class Operator:
                               f"{sorted(vf)} is not supported (path is)")
         if params:
             node.setdefault("outputs", {})["parameters"] = params
-        if "script" in t or node.get("_wants_result"):
+        if self._include_script_output(node):
             out = pod.stdout()
             node.setdefault("outputs", {})["result"] = out[:-1] if out.endswith("\n") else out
+
+    def _include_script_output(self, node: dict[str, Any]) -> bool:
+        """``includeScriptOutput`` / ``hasOutputResultRef``: stdout becomes
+        ``outputs.result`` only when the enclosing steps template mentions
+        ``steps.<step>.outputs.result``."""
+        boundary = self.nodes.get(node.get("boundaryID") or "")
+        if boundary is None:
+            return False
+        parent = json.dumps(self._node_template(boundary))
+        name = _step_name(node["name"])
+        return re.search(rf"steps\.{re.escape(name)}\.outputs\.result", parent) is not None or \
+            re.search(rf"steps\[['\"]{re.escape(name)}['\"]\]\.outputs.result", parent) is not None
 
     def _node_template(self, node: dict[str, Any]) -> dict[str, Any]:
         return node.get("_template") or self.templates[node["templateName"]]
@@ -478,14 +492,8 @@ class Operator:
                 processed, inputs = self.process_args(org, args, name)
             except NodeErr as exc:
                 return self._init_or_error(node, name, holder, boundary, str(exc))
-            if node is not None and self.fulfilled(node) and \
-                    not (node["type"] == "Retry" and not self.children_fulfilled(node)
-                         and node.get("daemoned")):
-                if node["phase"] in FULFILLED:
-                    return node
-            wf_dl = self.deadline()
-            if wf_dl is not None and self.now() > wf_dl and node is None:
-                return None  # ErrDeadlineExceeded: no new work after the deadline
+            if node is not None and node["phase"] in FULFILLED:
+                return node  # handleNodeFulfilled
             retry = processed.get("retryStrategy")
             retry_name = ""
             opts_deadline = execution_deadline
@@ -530,7 +538,8 @@ class Operator:
                     node = self.execute_pod(name, processed, tname, boundary, inputs, flag,
                                             on_exit=on_exit, execution_deadline=opts_deadline)
                 elif "steps" in processed:
-                    node = self.execute_steps(name, processed, tname, boundary, inputs, flag)
+                    node = self.execute_steps(name, processed, tname, boundary, inputs, flag,
+                                              on_exit=on_exit)
                 else:
                     return self._init_or_error(
                         node, name, holder, boundary,
@@ -688,17 +697,19 @@ class Operator:
 
     # ------------------------------------------------------------------ steps
     def execute_steps(self, name: str, t: dict[str, Any], tname: str, boundary: str,
-                      inputs: dict[str, Any], flag: dict[str, bool] | None) -> dict[str, Any]:
-        """``executeSteps`` (steps.go)."""
+                      inputs: dict[str, Any], flag: dict[str, bool] | None, *,
+                      on_exit: bool = False) -> dict[str, Any]:
+        """``executeSteps`` (steps.go); ``on_exit`` is ``stepsContext.onExitTemplate``."""
         node = self.by_name(name) or self.init_node(name, "Steps", tname, boundary, "Running",
                                                     inputs=inputs, flag=flag)
         try:
-            return self._steps(name, node, t)
+            return self._steps(name, node, t, on_exit)
         finally:
             if self.fulfilled(self.nodes[node["id"]]):
                 self.kill_daemoned_children(node["id"])
 
-    def _steps(self, name: str, node: dict[str, Any], t: dict[str, Any]) -> dict[str, Any]:
+    def _steps(self, name: str, node: dict[str, Any], t: dict[str, Any], on_exit: bool
+               ) -> dict[str, Any]:
         scope = Scope()
         for i, group in enumerate(t["steps"]):
             sg_name = f"{name}[{i}]"
@@ -717,7 +728,7 @@ class Operator:
                 for kid in prev.get("children") or []:
                     for out in self.outbound(kid):
                         self.add_child(self.nodes[out]["name"], sg_name)
-            sg = self.execute_step_group(group, sg_name, scope, node["id"])
+            sg = self.execute_step_group(group, sg_name, scope, node["id"], on_exit)
             if not self.fulfilled(sg):
                 return node
             if sg["phase"] in ("Failed", "Error"):
@@ -829,7 +840,7 @@ class Operator:
                 try:
                     results.append(json.loads(outs["result"]))
                 except ValueError:
-                    results.append(outs["result"])
+                    raise NodeErr(_go_json_error(outs["result"])) from None
         scope.params[f"{prefix}.outputs.result"] = json.dumps(results, separators=(",", ":"))
         scope.params[f"{prefix}.outputs.parameters"] = json.dumps(
             [dict(sorted(d.items())) for d in plist], separators=(",", ":"))
@@ -866,7 +877,7 @@ class Operator:
         return {"parameters": params} if params else None
 
     def execute_step_group(self, group: list[dict[str, Any]], sg_name: str, scope: Scope,
-                           boundary: str) -> dict[str, Any]:
+                           boundary: str, on_exit: bool = False) -> dict[str, Any]:
         """``executeStepGroup`` (steps.go)."""
         node = self.by_name(sg_name)
         assert node is not None
@@ -901,7 +912,7 @@ class Operator:
                     self.add_child(sg_name, child_name)
                 continue
             child = self.execute_template(child_name, step, step.get("arguments") or {},
-                                          boundary=boundary)
+                                          boundary=boundary, on_exit=on_exit)
             if child is not None:
                 node_steps[child_name] = step
                 self.add_child(sg_name, child_name)
@@ -1183,6 +1194,26 @@ class Operator:
         return out
 
 
+def _step_name(node_name: str) -> str:
+    """``getStepOrDAGTaskName``: trailing ``(...)``/``[...]`` groups dropped, then the part
+    after the last dot."""
+    opener = ""
+    for i in range(len(node_name) - 1, -1, -1):
+        ch = node_name[i]
+        if ch == opener:
+            opener = ""
+        elif opener:
+            continue
+        elif ch == ")":
+            opener = "("
+        elif ch == "]":
+            opener = "["
+        else:
+            node_name = node_name[:i + 1]
+            break
+    return node_name.rsplit(".", 1)[-1]
+
+
 def _should_expand(step: Mapping[str, Any]) -> bool:
     return bool(step.get("withItems") or step.get("withParam") or step.get("withSequence"))
 
@@ -1199,6 +1230,14 @@ def _start_error(pod: PodRun, name: str) -> str:
     err = pod.stderr(name)
     line = next((ln for ln in err.splitlines() if ln.startswith("exec: ")), "")
     return line
+
+
+def _go_json_error(text: str) -> str:
+    """encoding/json's message for text that is not JSON (the common cases)."""
+    stripped = text.lstrip(" \t\r\n")
+    if not stripped:
+        return "unexpected end of JSON input"
+    return f"invalid character {stripped[0]!r} looking for beginning of value"
 
 
 def _go_number(x: int | float) -> str:

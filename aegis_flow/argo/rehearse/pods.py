@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import re
-import shlex
 import signal
 import socket
 import subprocess
@@ -41,7 +40,8 @@ from aegis_flow.argo.rehearse.netns import Network, in_netns
 
 SHIM = Path(__file__).with_name("shim.py")
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-ARGOSAY_IMAGE = re.compile(r"^(docker\.io/)?argoproj/argosay(:.*)?$")
+WAIT = "wait"  # Argo's executor container: stands for itself, not run as a process
+ARGOSAY_IMAGE = re.compile(r"^(docker\.io/)?argoproj/argosay:v2$")
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -249,7 +249,7 @@ class PodRun:
         name = c["name"]
         env = self._env(c)
         argv = self._argv(c, env)
-        if kind == "main" and self.script is not None:
+        if kind == "main" and self.script:
             argv.append("/argo/staging/script")
         cdir = self.dir / "containers" / name
         (cdir / "tmp").mkdir(parents=True, exist_ok=True)
@@ -260,7 +260,7 @@ class PodRun:
         sa = str(self.spec.get("serviceAccountName") or "default")
         if self.spec.get("automountServiceAccountToken", True) and sa in self.ctx.sa_dirs:
             mounts.append({"path": SA_DIR, "source": self.ctx.sa_dirs[sa], "readOnly": True})
-        if self.script is not None:
+        if self.script:
             staging = self.dir / "staging"
             staging.mkdir(parents=True, exist_ok=True)
             (staging / "script").write_text(self.script)
@@ -409,8 +409,9 @@ class PodRun:
         mains = list(self.spec["containers"])
         for c in inits:
             v.containers[c["name"]] = ContainerState(c["name"], "init")
-        for i, c in enumerate(mains):
-            v.containers[c["name"]] = ContainerState(c["name"], "main" if i == 0 else "sidecar")
+        for c in mains:
+            kind = {"main": "main", WAIT: "wait"}.get(c["name"], "sidecar")
+            v.containers[c["name"]] = ContainerState(c["name"], kind)
         self.ns, v.pod_ip = self.net.add_pod()
         vols = self._wait_start()
         if vols is None:
@@ -432,10 +433,12 @@ class PodRun:
                 return
             st.reason = "Completed"
         v.phase = "Running"
-        for i, c in enumerate(mains):
-            self._launch(c, "main" if i == 0 else "sidecar", vols)
+        v.containers[WAIT].started = v.containers[WAIT].ready = True
+        mains = [c for c in mains if c["name"] != WAIT]
+        for c in mains:
+            self._launch(c, v.containers[c["name"]].kind, vols)
         self._changed()
-        main = mains[0]["name"]
+        main = "main"
         next_probe: dict[str, float] = {
             c["name"]: time.time() + float(c["readinessProbe"].get("initialDelaySeconds", 0))
             for c in mains if c.get("readinessProbe")}
@@ -460,7 +463,8 @@ class PodRun:
                 self._changed()
             time.sleep(0.05)
         # main ended (or the pod was stopped): Argo's executor stops the sidecars
-        self._stop_containers([c["name"] for c in mains[1:]])
+        self._stop_containers([c["name"] for c in mains if c["name"] != main])
+        v.containers[WAIT].exit_code, v.containers[WAIT].reason = 0, "Completed"
         for c in mains:
             st = v.containers[c["name"]]
             st.exit_code = self._procs[c["name"]].wait()
@@ -488,18 +492,18 @@ class PodRun:
 
     # ------------------------------------------------------------------ results
     def stdout(self, container: str | None = None) -> str:
-        name = container or self.spec["containers"][0]["name"]
+        name = container or "main"
         path = self.dir / "containers" / name / "stdout"
         return path.read_text(errors="replace") if path.exists() else ""
 
     def stderr(self, container: str | None = None) -> str:
-        name = container or self.spec["containers"][0]["name"]
+        name = container or "main"
         path = self.dir / "containers" / name / "stderr"
         return path.read_text(errors="replace") if path.exists() else ""
 
     def read_output(self, path: str) -> str | None:
         """The main container's file at ``path`` (its /tmp or a volume), None when missing."""
-        main = self.spec["containers"][0]
+        main = next(c for c in self.spec["containers"] if c["name"] == "main")
         real = os.path.normpath(path)
         candidates: list[tuple[str, Path]] = [
             ("/tmp", self.dir / "containers" / main["name"] / "tmp")]
@@ -513,5 +517,3 @@ class PodRun:
         raise PodSpecError(f"output path {path!r} is outside the container's /tmp and its "
                            "volumes, where rehearse cannot read it")
 
-    def describe(self) -> str:
-        return " ".join(shlex.quote(str(a)) for a in self.spec["containers"][0].get("args", []))

@@ -89,7 +89,11 @@ def build_pod_spec(tmpl: dict[str, Any], wf_spec: dict[str, Any], *, script: boo
     else:
         main = dict(tmpl["container"])
     main["name"] = "main"
-    containers = [main, *[dict(s) for s in tmpl.get("sidecars") or []]]
+    # Argo's pod: the executor's ``wait`` container first, then main, then the sidecars
+    # (createWorkflowPod). Rehearse does not run ``wait`` as a process (pods.WAIT).
+    wait = {"name": "wait", "image": "quay.io/argoproj/argoexec",
+            "command": ["argoexec", "wait"]}
+    containers = [wait, main, *[dict(s) for s in tmpl.get("sidecars") or []]]
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "containers": containers,

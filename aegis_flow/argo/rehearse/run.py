@@ -48,6 +48,7 @@ class Result:
     workdir: Path | None
     api_calls: list[Any]
     nodes_after: list[dict[str, Any]]
+    pod_specs: dict[str, dict[str, Any]]  # node id -> the pod spec it ran with
 
     @property
     def phase(self) -> str:
@@ -216,7 +217,7 @@ def rehearse(wf: dict[str, Any], *, scenario: Scenario | None = None,
                             progress=progress)
             calls = list(getattr(api, "calls", []))
         return Result(name=name, status=status, workdir=None if made_tmp else workdir,
-                      api_calls=calls, nodes_after=store.list())
+                      api_calls=calls, nodes_after=store.list(), pod_specs=dict(op.pod_specs))
     finally:
         net.destroy()
         if made_tmp:

@@ -12,7 +12,7 @@ from typing import Any
 SPEC_HONOURED = {
     "entrypoint", "arguments", "templates", "onExit", "activeDeadlineSeconds",
     "serviceAccountName", "automountServiceAccountToken", "volumes", "podSpecPatch",
-    "nodeSelector", "tolerations", "affinity", "terminationGracePeriodSeconds",
+    "nodeSelector", "tolerations", "affinity", "terminationGracePeriodSeconds", "hooks",
 }
 SPEC_NO_EFFECT = {
     # what they change happens outside the run (garbage collection, metadata, images)
@@ -62,6 +62,9 @@ def check_workflow(wf: dict[str, Any]) -> None:
     if not isinstance(spec, dict) or not spec.get("entrypoint"):
         raise Unsupported("spec.entrypoint is required")
     _check(spec, SPEC_HONOURED | SPEC_NO_EFFECT, "spec")
+    hooks = spec.get("hooks") or {}
+    if set(hooks) - {"exit"} or set(hooks.get("exit") or {}) - {"template"}:
+        raise Unsupported("spec.hooks: only hooks.exit.template (the exit handler) is supported")
     names = [t.get("name") for t in spec.get("templates") or []]
     if spec["entrypoint"] not in names:
         raise Unsupported(f"spec.entrypoint {spec['entrypoint']!r} names no template")
