@@ -13,11 +13,13 @@ A scenario is the cluster and the faults around one run of a workflow::
     rbac:                       # service account -> verbs on nodes (default: aegis-flow may
       aegis-flow: [get, list, patch]    #   get/list/patch, as `aegis-flow install` grants)
     timeout: 300                # seconds before the rehearsal gives up (default 600)
+    include: cluster.yaml       # another scenario beneath this one (relative path; this
+                                #   file's keys win, its pods rules come first)
     pods:                       # change what some containers do: first match wins
       - match: "*.run(1:1)(*"   # glob on the node name (only * is special)
         template: worker        # and/or the template name
         containers:
-          main: {command: [sh, -c, "exit 70"]}   # replaces command (and args, if given)
+          main: {command: [sh, -c, "exit 70"], args: []}  # replaces what is given
         env: {EXTRA: "1"}       # added to every container of the pod
 
 Unknown keys are refused (``ScenarioError``) so a typo never silently does nothing.
@@ -25,6 +27,7 @@ Unknown keys are refused (``ScenarioError``) so a typo never silently does nothi
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +38,7 @@ DEFAULT_NODES = tuple(
     {"name": f"node-{i}", "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}
     for i in range(4))
 DEFAULT_RBAC = {"aegis-flow": ("get", "list", "patch")}
-_TOP = {"nodes", "secrets", "parameters", "rbac", "timeout", "pods", "description"}
+_TOP = {"nodes", "secrets", "parameters", "rbac", "timeout", "pods", "description", "include"}
 _POD = {"match", "template", "containers", "env"}
 
 
@@ -64,12 +67,10 @@ class PodRule:
             for c in out.get(g) or []:
                 c = dict(c)
                 repl = self.containers.get(c["name"])
-                if repl is not None:
-                    if "command" in repl:
-                        c["command"] = [str(a) for a in repl["command"]]
-                        c["args"] = [str(a) for a in repl.get("args") or []]
-                    elif "args" in repl:
-                        c["args"] = [str(a) for a in repl["args"]]
+                if repl is not None:  # each of command and args replaced only when given
+                    for key in ("command", "args"):
+                        if key in repl:
+                            c[key] = [str(a) for a in repl[key] or []]
                 if self.env:
                     c["env"] = [*(c.get("env") or []),
                                 *({"name": k, "value": str(v)} for k, v in self.env.items())]
@@ -131,7 +132,7 @@ def parse(doc: Any, where: str = "scenario") -> Scenario:
                     description=str(doc.get("description", "")))
 
 
-def load(path: str) -> Scenario:
+def _read(path: str, depth: int = 0) -> Any:
     try:
         with open(path) as f:
             doc = yaml.safe_load(f)
@@ -139,4 +140,18 @@ def load(path: str) -> Scenario:
         raise ScenarioError(f"cannot read scenario {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise ScenarioError(f"scenario {path} is not YAML: {exc}") from None
-    return parse(doc, path)
+    if isinstance(doc, dict) and doc.get("include"):
+        if depth > 8:
+            raise ScenarioError(f"{path}: include nests too deep")
+        base = _read(os.path.join(os.path.dirname(path), str(doc["include"])), depth + 1)
+        if not isinstance(base, dict):
+            raise ScenarioError(f"{path}: the included scenario is not a mapping")
+        merged = {**base, **{k: v for k, v in doc.items() if k != "include"}}
+        merged["pods"] = [*(doc.get("pods") or []), *(base.get("pods") or [])]
+        merged.pop("include", None)
+        return merged
+    return doc
+
+
+def load(path: str) -> Scenario:
+    return parse(_read(path), path)

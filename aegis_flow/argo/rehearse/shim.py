@@ -108,8 +108,9 @@ def main(argv: list[str]) -> int:
         print(f'exec: "{cmd[0]}": executable file not found in $PATH', file=sys.stderr)
     except PermissionError:
         print(f'exec: "{cmd[0]}": permission denied', file=sys.stderr)
-    except OSError as exc:
-        print(f'exec: "{cmd[0]}": {exc.strerror}', file=sys.stderr)
+    except OSError as exc:  # Go's errno text is lower case ("argument list too long")
+        text = exc.strerror or str(exc)
+        print(f'exec: "{cmd[0]}": {text[:1].lower()}{text[1:]}', file=sys.stderr)
     return 128
 
 

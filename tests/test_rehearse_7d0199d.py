@@ -1,0 +1,99 @@
+"""The Argo workflow of commit 7d0199d, rehearsed: B1, B2, B3, B5 and B6 of the review
+``argo-on-a-real-cluster.md``, each shown the way Argo's controller would produce it.
+
+``tests/fixtures/training-7d0199d.yaml`` is ``workflows/training.yaml`` as it was at that
+commit, unchanged. The scenarios under ``tests/rehearse_scenarios/`` give the cluster (six
+tainted H100 nodes, one CPU node), the Secrets, and what the containers do (stand-ins for the
+master and bootcheck, and the fault each problem needs); Argo's rules do the rest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aegis_flow.argo.rehearse import netns, scenario
+from aegis_flow.argo.rehearse.run import Result, load_workflow, rehearse
+
+HERE = Path(__file__).parent
+FIXTURE = HERE / "fixtures" / "training-7d0199d.yaml"
+SCENARIOS = HERE / "rehearse_scenarios"
+_WHY = netns.why_unavailable()
+pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"rehearse needs namespaces: {_WHY}")
+
+
+def run(name: str, *, wf: dict[str, Any] | None = None) -> Result:
+    sc = scenario.load(str(SCENARIOS / name))
+    return rehearse(wf or load_workflow(str(FIXTURE)), scenario=sc)
+
+
+def params(node: dict[str, Any], kind: str = "outputs") -> dict[str, str]:
+    return {p["name"]: p.get("value", "") for p in (node.get(kind) or {}).get("parameters", [])}
+
+
+def test_fixture_is_the_7d0199d_workflow() -> None:
+    """The fixture is pinned: the old verdict input and the old retry cap are in it."""
+    text = FIXTURE.read_text()
+    assert "value: '{{steps.run.outputs.parameters}}'" in text
+    assert "maxDuration: 2m" in text and "name: RUNS" in text
+
+
+def test_b1_a_failed_rank_never_reaches_the_verdict() -> None:
+    """B1: rank 1 exits 70 on all 4 attempts; the verdict sees 3 ranks and says succeeded."""
+    r = run("b1-one-rank-node-fault.yaml")
+    assert r.phase == "Succeeded", r.status.get("message")
+    rank1 = r.node("run(1:1)")
+    assert (rank1["type"], rank1["phase"], rank1["message"]) == \
+        ("Retry", "Failed", "No more retries left")
+    attempts = [r.node(f"run(1:1)({i})") for i in range(4)]
+    assert all(a["message"] == "main: Error (exit code 70)" for a in attempts)
+    assert len({a["hostNodeName"] for a in attempts}) == 4  # nodeAntiAffinity moved each retry
+    verdict = params(r.node("verdict"))
+    assert verdict["verdict"] == "succeeded" and verdict["bad-nodes"] == "[]"
+    for skipped in ("troubleshoot", "quarantine"):
+        n = r.node(skipped)
+        assert (n["phase"], n["message"]) == ("Skipped", "Skipped, empty params")
+
+
+def test_b3_max_duration_is_a_deadline_not_a_cap() -> None:
+    """B3: a rank that failed after running longer than maxDuration is not retried."""
+    wf = load_workflow(str(FIXTURE))
+    worker = next(t for t in wf["spec"]["templates"] if t["name"] == "worker")
+    assert worker["retryStrategy"]["backoff"]["maxDuration"] == "2m"
+    worker["retryStrategy"]["backoff"]["maxDuration"] = "6s"  # same rule, 20x faster
+    r = run("b3-max-duration.yaml", wf=wf)
+    rank1 = r.node("run(1:1)")
+    assert (rank1["phase"], rank1["message"]) == ("Failed", "Max duration limit exceeded")
+    assert len(rank1["children"]) == 1  # never replaced
+    assert r.node("run(1:1)(0)")["message"] == "main: Error (exit code 70)"
+    assert r.phase == "Succeeded"  # and B1 hides it from the verdict
+
+
+def test_b5_the_resumed_attempt_has_no_master() -> None:
+    """B5: the resumed attempt's pods are given the dead master's address."""
+    r = run("b5-resume-without-master.yaml")
+    first = r.node("master(0)")
+    assert (first["phase"], first["message"]) == ("Failed", "main: Error (exit code 1)")
+    old = first["podIP"]
+    resumed = [n for n in r.status["nodes"].values()
+               if ".resume[" in n["name"] and n["type"] == "Pod"
+               and n["templateName"] == "worker"]
+    assert len(resumed) == 4
+    for pod in resumed:
+        assert params(pod, "inputs")["master-addr"] == f"{old}:50051"
+        assert pod["message"] == "aegis-worker-init: Error (exit code 1)"
+        assert pod["startedAt"] >= first["finishedAt"]
+    assert r.phase == "Failed"
+    assert params(r.node("verdict"))["verdict"] == "retry"
+
+
+def test_b6_the_verdict_cannot_start_past_the_env_limit() -> None:
+    """B6: RUNS over 128 KiB: the verdict's container cannot be started; the job fails."""
+    r = run("b6-verdict-env.yaml")
+    verdict = r.node("verdict")
+    assert verdict["phase"] == "Failed"
+    assert verdict["message"] == ('main: StartError (exit code 128): exec: "python": '
+                                  'argument list too long')
+    assert r.phase == "Failed"
