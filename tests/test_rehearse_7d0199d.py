@@ -97,3 +97,39 @@ def test_b6_the_verdict_cannot_start_past_the_env_limit() -> None:
     assert verdict["message"] == ('main: StartError (exit code 128): exec: "python": '
                                   'argument list too long')
     assert r.phase == "Failed"
+
+
+@pytest.mark.e2e
+def test_b2_ranks_in_different_pods_cannot_rendezvous(tmp_path: Path) -> None:
+    """B2 with the real stack (master + NATS sidecar, worker-init, supervisor, train_ddp.py):
+    the master sends every rank MASTER_ADDR=127.0.0.1; in its own pod each rank dials itself,
+    so after every check passed no rank ever joins the process group."""
+    from aegis_flow.security.cli import MASTER_FILES
+    from aegis_flow.security.operator import bootstrap
+
+    auth = bootstrap(tmp_path / "auth")
+    auth.write_server_config(None)
+    secrets = tmp_path / "secrets"
+    (secrets / "aegis-auth").mkdir(parents=True)
+    for name in (*MASTER_FILES, "nats.conf"):
+        (secrets / "aegis-auth" / name).write_bytes((tmp_path / "auth" / name).read_bytes())
+    (secrets / "aegis-bootstrap").mkdir()
+    (secrets / "aegis-bootstrap" / "token").write_text("b2-rehearsal-token-0123456789abcdef")
+    keep = tmp_path / "run"
+    sc = scenario.load(str(SCENARIOS / "b2-rendezvous.yaml"))
+    r = rehearse(load_workflow(str(FIXTURE)), scenario=sc, secrets_dir=secrets, keep=keep,
+                 timeout=100)
+    assert r.phase == "Error"  # still waiting when the rehearsal gave up: it never trains
+    pods = keep / "pods"
+    master_log = next(pods.glob("*-master-*")).joinpath("containers/main/stderr").read_text()
+    assert "T2: every check passed; run" in master_log
+    told, joined = {}, set()
+    for log in pods.glob("*-worker-*/containers/main/tmp/rendezvous.log"):
+        for line in log.read_text().splitlines():
+            _, _, rank, what = line.split(" ", 3)
+            if what == "joined":
+                joined.add(rank)
+            else:
+                told[rank] = what.split()[0]
+    assert told == {str(k): "MASTER_ADDR=127.0.0.1" for k in range(4)}
+    assert joined == set()

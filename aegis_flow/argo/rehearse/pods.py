@@ -100,6 +100,7 @@ class PodContext:
     image_mounts: tuple[tuple[str, str], ...] = ()
     grace_cap: float | None = None
     sa_dirs: Mapping[str, str] = field(default_factory=dict)  # service account -> token dir
+    image_workdirs: Mapping[str, str] = field(default_factory=dict)  # image -> its WORKDIR
 
 
 def _secret(ctx: PodContext, name: str) -> Path:
@@ -273,7 +274,8 @@ class PodRun:
             mounts.append({"path": vm["mountPath"], "source": str(src),
                            "readOnly": bool(vm.get("readOnly"))})
         spec = {"root": str(cdir / "root"), "hostname": self.name[:63], "mounts": mounts,
-                "workdir": c.get("workingDir") or "/", "env": env, "argv": argv}
+                "workdir": c.get("workingDir") or self.ctx.image_workdirs.get(
+                    str(c.get("image", "")), "/"), "env": env, "argv": argv}
         (cdir / "spec.json").write_text(json.dumps(spec))
         out = open(cdir / "stdout", "wb")  # noqa: SIM115 - handed to the child
         err = open(cdir / "stderr", "wb")  # noqa: SIM115

@@ -110,16 +110,20 @@ def workflow_name(wf: Mapping[str, Any]) -> str:
 
 def _write_secrets(root: Path, secrets: Mapping[str, Mapping[str, str]], extra: Path | None
                    ) -> Path:
+    """The scenario's Secrets, then ``--secrets DIR`` over them (the explicit one wins)."""
     root.mkdir(parents=True, exist_ok=True)
-    if extra is not None:
-        if not extra.is_dir():
-            raise RehearseError(f"--secrets {extra}: not a directory (one subdirectory per "
-                                "Secret, one file per key)")
-        shutil.copytree(extra, root, dirs_exist_ok=True)
     for name, keys in secrets.items():
         (root / name).mkdir(parents=True, exist_ok=True)
         for key, value in keys.items():
             (root / name / key).write_text(value)
+    if extra is not None:
+        if not extra.is_dir():
+            raise RehearseError(f"--secrets {extra}: not a directory (one subdirectory per "
+                                "Secret, one file per key)")
+        for sub in extra.iterdir():
+            if sub.is_dir():
+                shutil.rmtree(root / sub.name, ignore_errors=True)
+                shutil.copytree(sub, root / sub.name)
     return root
 
 
@@ -192,7 +196,8 @@ def rehearse(wf: dict[str, Any], *, scenario: Scenario | None = None,
                 api_env={"KUBERNETES_SERVICE_HOST": netns.HUB_ADDR,
                          "KUBERNETES_SERVICE_PORT": str(API_PORT)},
                 image_mounts=_image_mounts(wf, workdir), grace_cap=grace_cap,
-                sa_dirs={k: str(v) for k, v in sa_dirs.items()})
+                sa_dirs={k: str(v) for k, v in sa_dirs.items()},
+                image_workdirs={k: v["workingDir"] for k, v in sc.images.items()})
 
             def hook(node_name: str, node: dict[str, Any], spec: dict[str, Any]
                      ) -> dict[str, Any]:

@@ -15,6 +15,9 @@ A scenario is the cluster and the faults around one run of a workflow::
     timeout: 300                # seconds before the rehearsal gives up (default 600)
     include: cluster.yaml       # another scenario beneath this one (relative path; this
                                 #   file's keys win, its pods rules come first)
+    images:                     # stand-ins for images: the working directory a container of
+      registry.example.com/team/train:1.0: {workingDir: train-image}  # it starts in (the
+                                #   image's WORKDIR; relative to this file) when it sets none
     pods:                       # change what some containers do: first match wins
       - match: "*.run(1:1)(*"   # glob on the node name (only * is special)
         template: worker        # and/or the template name
@@ -38,7 +41,8 @@ DEFAULT_NODES = tuple(
     {"name": f"node-{i}", "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}
     for i in range(4))
 DEFAULT_RBAC = {"aegis-flow": ("get", "list", "patch")}
-_TOP = {"nodes", "secrets", "parameters", "rbac", "timeout", "pods", "description", "include"}
+_TOP = {"nodes", "secrets", "parameters", "rbac", "timeout", "pods", "description", "include",
+        "images"}
 _POD = {"match", "template", "containers", "env"}
 
 
@@ -89,12 +93,13 @@ class Scenario:
     timeout: float = 600.0
     pods: tuple[PodRule, ...] = ()
     description: str = ""
+    images: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def rule_for(self, node_name: str, template: str) -> PodRule | None:
         return next((r for r in self.pods if r.matches(node_name, template)), None)
 
 
-def parse(doc: Any, where: str = "scenario") -> Scenario:
+def parse(doc: Any, where: str = "scenario", base_dir: str = ".") -> Scenario:
     if doc is None:
         return Scenario()
     if not isinstance(doc, dict):
@@ -126,13 +131,20 @@ def parse(doc: Any, where: str = "scenario") -> Scenario:
         timeout = float(doc.get("timeout", 600))
     except (TypeError, ValueError):
         raise ScenarioError(f"{where}: timeout must be a number of seconds") from None
-    return Scenario(nodes=nodes, secrets=secrets,
+    images: dict[str, dict[str, str]] = {}
+    for image, conf in (doc.get("images") or {}).items():
+        if not isinstance(conf, dict) or set(conf) - {"workingDir"}:
+            raise ScenarioError(f"{where}: images.{image} may set only workingDir")
+        wd = str(conf["workingDir"])
+        images[str(image)] = {"workingDir": os.path.normpath(os.path.join(base_dir, wd))}
+    return Scenario(nodes=nodes, secrets=secrets, images=images,
                     parameters={str(k): str(v) for k, v in (doc.get("parameters") or {}).items()},
                     rbac=rbac, timeout=timeout, pods=tuple(rules),
                     description=str(doc.get("description", "")))
 
 
 def _read(path: str, depth: int = 0) -> Any:
+    """The document at ``path`` with its includes merged; image paths made absolute."""
     try:
         with open(path) as f:
             doc = yaml.safe_load(f)
@@ -140,6 +152,11 @@ def _read(path: str, depth: int = 0) -> Any:
         raise ScenarioError(f"cannot read scenario {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise ScenarioError(f"scenario {path} is not YAML: {exc}") from None
+    if isinstance(doc, dict) and isinstance(doc.get("images"), dict):
+        here = os.path.dirname(os.path.abspath(path))
+        doc["images"] = {k: ({**v, "workingDir": os.path.join(here, str(v["workingDir"]))}
+                             if isinstance(v, dict) and "workingDir" in v else v)
+                         for k, v in doc["images"].items()}
     if isinstance(doc, dict) and doc.get("include"):
         if depth > 8:
             raise ScenarioError(f"{path}: include nests too deep")
@@ -154,4 +171,4 @@ def _read(path: str, depth: int = 0) -> Any:
 
 
 def load(path: str) -> Scenario:
-    return parse(_read(path), path)
+    return parse(_read(path), path, os.path.dirname(os.path.abspath(path)))

@@ -4,7 +4,10 @@ Run as ``ip netns exec POD unshare --mount --uts --propagation private -- python
 (standalone: stdlib only, so it starts fast and needs nothing from the package). Inside the
 new mount namespace it builds a root for the container under ``SPEC.root``:
 
-* every top-level entry of the host's ``/`` is bind-mounted read-write into it, except the
+* every top-level directory of the host's ``/`` is seen through an overlay whose writable
+  layer belongs to the container (writes stay in the container, as in an image's writable
+  layer; read-only where overlayfs refuses; ``/dev``, ``/proc`` and ``/sys`` bound as they
+  are), except the
   directories on the way to a mount path, which are made as real directories and filled the
   same way one level down (so a mount at ``/var/run/aegis/auth`` never creates anything on the
   host), and symlinks, which are copied as symlinks;
@@ -32,6 +35,7 @@ MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
 _libc = ctypes.CDLL(None, use_errno=True)
+WRITABLE = {"/dev", "/proc", "/sys"}  # the host's other directories are mounted read-only
 
 
 def _mount(src: str, dst: str, flags: int) -> None:
@@ -57,7 +61,19 @@ def _prefixes(path: str) -> list[str]:
     return ["/" + "/".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def _populate(host: str, root: str, shadowed: set[str], mounted: set[str]) -> None:
+def _overlay(host: str, target: str, layers: str) -> bool:
+    """``host`` seen through a per-container overlay: writes land in ``layers`` (and vanish
+    with the container), as in an image's writable layer; False if overlayfs refuses."""
+    key = host.strip("/").replace("/", "_") or "root"
+    upper, work = os.path.join(layers, key, "upper"), os.path.join(layers, key, "work")
+    os.makedirs(upper, exist_ok=True)
+    os.makedirs(work, exist_ok=True)
+    opts = f"lowerdir={host},upperdir={upper},workdir={work}".encode()
+    return _libc.mount(b"overlay", target.encode(), b"overlay", 0, opts) == 0
+
+
+def _populate(host: str, root: str, shadowed: set[str], mounted: set[str], layers: str
+              ) -> None:
     for entry in sorted(os.listdir(host)):
         hp = os.path.join(host, entry)
         rp = root + hp
@@ -67,20 +83,25 @@ def _populate(host: str, root: str, shadowed: set[str], mounted: set[str]) -> No
             os.symlink(os.readlink(hp), rp)
         elif hp in shadowed and os.path.isdir(hp):
             os.makedirs(rp, exist_ok=True)
-            _populate(hp, root, shadowed, mounted)
+            _populate(hp, root, shadowed, mounted, layers)
         elif os.path.isdir(hp):
             os.makedirs(rp, exist_ok=True)
-            _mount(hp, rp, MS_BIND | MS_REC)
+            if hp in WRITABLE:
+                _mount(hp, rp, MS_BIND | MS_REC)
+            elif not _overlay(hp, rp, layers):
+                _mount(hp, rp, MS_BIND | MS_REC)
+                _mount(hp, rp, MS_BIND | MS_REMOUNT | MS_RDONLY)
         elif os.path.isfile(hp):
             open(rp, "a").close()
             _mount(hp, rp, MS_BIND)
+            _mount(hp, rp, MS_BIND | MS_REMOUNT | MS_RDONLY)
 
 
-def build_root(root: str, mounts: list[dict[str, object]]) -> None:
+def build_root(root: str, mounts: list[dict[str, object]], layers: str) -> None:
     paths = [os.path.realpath(str(m["path"])) for m in mounts]
     shadowed = {p for path in paths for p in _prefixes(path)}
     os.makedirs(root, exist_ok=True)
-    _populate("/", root, shadowed, set(paths))
+    _populate("/", root, shadowed, set(paths), layers)
     for m, path in sorted(zip(mounts, paths, strict=True), key=lambda mp: mp[1].count("/")):
         _bind(str(m["source"]), root + path, read_only=bool(m.get("readOnly")))
 
@@ -89,7 +110,7 @@ def main(argv: list[str]) -> int:
     with open(argv[1]) as f:
         spec = json.load(f)
     try:
-        build_root(spec["root"], spec["mounts"])
+        build_root(spec["root"], spec["mounts"], spec.get("layers") or spec["root"] + ".layers")
         name = spec["hostname"].encode()
         if _libc.sethostname(name, len(name)) != 0:
             raise OSError(ctypes.get_errno(), "sethostname")
