@@ -99,11 +99,11 @@ def test_b6_the_verdict_cannot_start_past_the_env_limit() -> None:
     assert r.phase == "Failed"
 
 
-@pytest.mark.e2e
 def test_b2_ranks_in_different_pods_cannot_rendezvous(tmp_path: Path) -> None:
     """B2 with the real stack (master + NATS sidecar, worker-init, supervisor, train_ddp.py):
     the master sends every rank MASTER_ADDR=127.0.0.1; in its own pod each rank dials itself,
-    so after every check passed no rank ever joins the process group."""
+    so after every check passed no rank ever joins the process group. (The bootcheck's
+    collective check waits out its budget at that same address first: ~2 minutes.)"""
     from aegis_flow.security.cli import MASTER_FILES
     from aegis_flow.security.operator import bootstrap
 
@@ -118,7 +118,7 @@ def test_b2_ranks_in_different_pods_cannot_rendezvous(tmp_path: Path) -> None:
     keep = tmp_path / "run"
     sc = scenario.load(str(SCENARIOS / "b2-rendezvous.yaml"))
     r = rehearse(load_workflow(str(FIXTURE)), scenario=sc, secrets_dir=secrets, keep=keep,
-                 timeout=100)
+                 timeout=200)
     assert r.phase == "Error"  # still waiting when the rehearsal gave up: it never trains
     pods = keep / "pods"
     master_log = next(pods.glob("*-master-*")).joinpath("containers/main/stderr").read_text()

@@ -270,8 +270,9 @@ class PodRun:
             if vm["name"] not in vols:
                 raise PodSpecError(f"container {name!r} mounts volume {vm['name']!r}, "
                                    "which the pod does not have")
-            src = vols[vm["name"]] / vm["subPath"] if vm.get("subPath") else vols[vm["name"]]
-            mounts.append({"path": vm["mountPath"], "source": str(src),
+            vol = vols[vm["name"]]
+            mounts.append({"path": vm["mountPath"],
+                           "source": str(vol / str(vm["subPath"]) if vm.get("subPath") else vol),
                            "readOnly": bool(vm.get("readOnly"))})
         spec = {"root": str(cdir / "root"), "hostname": self.name[:63], "mounts": mounts,
                 "workdir": c.get("workingDir") or self.ctx.image_workdirs.get(

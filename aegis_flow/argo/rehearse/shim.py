@@ -69,7 +69,7 @@ def _overlay(host: str, target: str, layers: str) -> bool:
     os.makedirs(upper, exist_ok=True)
     os.makedirs(work, exist_ok=True)
     opts = f"lowerdir={host},upperdir={upper},workdir={work}".encode()
-    return _libc.mount(b"overlay", target.encode(), b"overlay", 0, opts) == 0
+    return bool(_libc.mount(b"overlay", target.encode(), b"overlay", 0, opts) == 0)
 
 
 def _populate(host: str, root: str, shadowed: set[str], mounted: set[str], layers: str
