@@ -167,3 +167,14 @@ def test_pod_spec_patch() -> None:
     assert by_name["main"]["resources"]["limits"]["cpu"] == "100m"
     assert by_name["wait"]["resources"]["limits"]["cpu"] == "101m"
     assert by_name["main"]["image"] == "argoproj/argosay:v2"
+
+
+def test_recursion_depth_limit() -> None:
+    """A template calling itself forever: the 100th level is an Error node with Argo's
+    message; every level above fails with it."""
+    r = run("recursion-depth.yaml")
+    assert r.phase == "Failed"
+    errors = [n for n in r.status["nodes"].values() if n["phase"] == "Error"]
+    assert len(errors) == 1 and errors[0]["type"] == "Skipped"
+    assert errors[0]["message"].startswith("Maximum recursion depth exceeded. See ")
+    assert sum(n["type"] == "Steps" for n in r.status["nodes"].values()) == 99
