@@ -25,14 +25,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import re
 import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-from aegis_flow.local.runs import pid_alive
+from aegis_flow.argo.rehearse.netns import _ip, kill_inside
+from aegis_flow.argo.rehearse.netns import remove_stale as _remove_stale
 from tests.jobs import Output
 
 PREFIX = "aegis-pt-"
@@ -42,13 +42,6 @@ _counter = itertools.count()
 
 class NetnsUnavailable(RuntimeError):
     """Namespaces cannot be made here (not root, no ``ip``, EPERM): the test skips."""
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    res = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
-    if check and res.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: exit {res.returncode}: {res.stderr.strip()}")
-    return res
 
 
 def why_unavailable() -> str | None:
@@ -74,24 +67,9 @@ def why_unavailable() -> str | None:
     return None
 
 
-def _kill_inside(ns: str) -> None:
-    """SIGKILL whatever still runs in namespace ``ns`` (the test's own namespace)."""
-    res = _ip("netns", "pids", ns, check=False)
-    for word in res.stdout.split():
-        if word.isdigit() and int(word) != os.getpid():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(word), signal.SIGKILL)
-
-
 def remove_stale() -> None:
     """Delete namespaces left by a test run whose process is gone (it was SIGKILLed)."""
-    res = _ip("netns", "list", check=False)
-    for line in res.stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
-        m = re.match(rf"^{re.escape(PREFIX)}(\d+)-", name)
-        if m and not pid_alive(int(m.group(1))):
-            _kill_inside(name)
-            _ip("netns", "del", name, check=False)
+    _remove_stale(PREFIX)
 
 
 class Network:
@@ -165,7 +143,7 @@ class Network:
     def destroy(self) -> None:
         """Kill what still runs inside, delete every namespace (and so every link)."""
         for ns in reversed(self.namespaces):
-            _kill_inside(ns)
+            kill_inside(ns)
         for ns in reversed(self.namespaces):
             for _ in range(50):
                 if _ip("netns", "del", ns, check=False).returncode == 0:

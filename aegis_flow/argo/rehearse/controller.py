@@ -437,8 +437,10 @@ class Operator(PodsMixin, StepsMixin, OperatorBase):
         return node, True, execution_deadline
 
     def run(self, *, timeout: float | None = None, tick: float = 0.2,
-            progress: Callable[[Operator], None] | None = None) -> dict[str, Any]:
-        """Operate until the workflow completes (or ``timeout``), then wait for its pods."""
+            progress: Callable[[Operator], None] | None = None,
+            until: Callable[[], str | None] | None = None) -> dict[str, Any]:
+        """Operate until the workflow completes, ``timeout`` passes or ``until()`` gives a
+        reason to stop (the phase is then Error with that reason), then wait for its pods."""
         end = None if timeout is None else self.now() + timeout
         while True:
             self.wake.clear()
@@ -446,6 +448,10 @@ class Operator(PodsMixin, StepsMixin, OperatorBase):
                 break
             if progress is not None:
                 progress(self)
+            reason = until() if until is not None else None
+            if reason:
+                self.finish("Error", f"rehearse: stopped: {reason}")
+                break
             if end is not None and self.now() > end:
                 self.finish("Error", f"rehearse: the workflow did not end within {timeout:g} s")
                 break

@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from aegis_flow.local.runs import pid_alive
+
 PREFIX = "aegis-rh-"
 HUB_ADDR = "198.18.0.1"
 PREFIXLEN = 16
@@ -83,22 +85,12 @@ def kill_inside(ns: str) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def remove_stale() -> None:
-    """Delete namespaces left by a rehearsal whose process is gone (it was SIGKILLed)."""
+def remove_stale(prefix: str = PREFIX) -> None:
+    """Delete namespaces named ``<prefix><pid>-…`` whose process is gone (it was SIGKILLed)."""
     for line in _ip("netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
-        m = re.match(rf"^{re.escape(PREFIX)}(\d+)-", name)
-        if m and not _pid_alive(int(m.group(1))):
+        m = re.match(rf"^{re.escape(prefix)}(\d+)-", name)
+        if m and not pid_alive(int(m.group(1))):
             kill_inside(name)
             _ip("netns", "del", name, check=False)
 
@@ -185,17 +177,22 @@ def _setns(fd: int) -> None:
         raise OSError(err, f"setns: {os.strerror(err)}")
 
 
+def _enter(ns: str) -> None:
+    """Move the calling thread into network namespace ``ns``."""
+    fd = os.open(f"/var/run/netns/{ns}", os.O_RDONLY)
+    try:
+        _setns(fd)
+    finally:
+        os.close(fd)
+
+
 def in_netns(ns: str, fn: Callable[[], T]) -> T:
     """Call ``fn`` on a fresh thread inside namespace ``ns`` (this thread is untouched)."""
     box: dict[str, object] = {}
 
     def run() -> None:
         try:
-            fd = os.open(f"/var/run/netns/{ns}", os.O_RDONLY)
-            try:
-                _setns(fd)
-            finally:
-                os.close(fd)
+            _enter(ns)
             box["value"] = fn()
         except BaseException as exc:  # handed to the caller
             box["error"] = exc
@@ -206,30 +203,3 @@ def in_netns(ns: str, fn: Callable[[], T]) -> T:
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["value"]  # type: ignore[return-value]
-
-
-def serve_in_netns(ns: str, fn: Callable[[], None], name: str) -> threading.Thread:
-    """Run ``fn`` (a server loop) forever on a daemon thread inside namespace ``ns``."""
-    ready = threading.Event()
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            fd = os.open(f"/var/run/netns/{ns}", os.O_RDONLY)
-            try:
-                _setns(fd)
-            finally:
-                os.close(fd)
-        except BaseException as exc:
-            failure.append(exc)
-            ready.set()
-            return
-        ready.set()
-        fn()
-
-    t = threading.Thread(target=run, name=name, daemon=True)
-    t.start()
-    ready.wait(10)
-    if failure:
-        raise failure[0]
-    return t

@@ -156,8 +156,10 @@ def rehearse(wf: dict[str, Any], *, scenario: Scenario | None = None,
              params: Mapping[str, str] | None = None, secrets_dir: Path | None = None,
              keep: Path | None = None, timeout: float | None = None,
              on_event: Callable[[str], None] = lambda s: None,
-             grace_cap: float | None = 10.0) -> Result:
-    """Run ``wf`` to the end; the returned status has Argo's field names."""
+             grace_cap: float | None = 10.0,
+             until: Callable[[], str | None] | None = None) -> Result:
+    """Run ``wf`` to the end (or until ``until()`` returns a reason to stop: a caller that has
+    seen what it waited for); the returned status has Argo's field names."""
     sc = scenario or Scenario()
     why = netns.why_unavailable()
     if why is not None:
@@ -219,7 +221,7 @@ def rehearse(wf: dict[str, Any], *, scenario: Scenario | None = None,
                         on_event(f"{n['displayName']}: {key[0]}{msg}")
 
             status = op.run(timeout=timeout if timeout is not None else sc.timeout,
-                            progress=progress)
+                            progress=progress, until=until)
             calls = list(getattr(api, "calls", []))
         return Result(name=name, status=status, workdir=None if made_tmp else workdir,
                       api_calls=calls, nodes_after=store.list(), pod_specs=dict(op.pod_specs))

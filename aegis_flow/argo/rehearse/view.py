@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
+from aegis_flow.argo.rehearse.podspec import node_id, pod_name
+
 Node = Mapping[str, Any]
 
 # common.go initializeSession (UTF-8 icons) with their ANSI colours
@@ -108,25 +110,6 @@ def _sub(finish: int | None, start: int | None) -> int:
     if finish is None or start is None:  # Go's year-1 zero time on one side saturates
         return 0 if finish is None and start is None else _MAX_DURATION
     return finish - start
-
-
-def fnv32a(text: str) -> int:
-    """FNV-1a, 32 bits, of the UTF-8 bytes (Go's ``hash/fnv`` ``New32a``)."""
-    h = 0x811C9DC5
-    for byte in text.encode():
-        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
-    return h
-
-
-def node_id(workflow_name: str, node_name: str) -> str:
-    """``Workflow.NodeID``: the root's id is the workflow name, others ``NAME-fnv32a``."""
-    return workflow_name if node_name == workflow_name else f"{workflow_name}-{fnv32a(node_name)}"
-
-
-def pod_name(workflow_name: str, node_name: str, template_name: str) -> str:
-    """``GeneratePodName`` with the default v2 pod names."""
-    prefix = f"{workflow_name}-{template_name}" if template_name else workflow_name
-    return workflow_name if workflow_name == node_name else f"{prefix[:242]}-{fnv32a(node_name)}"
 
 
 def recover_index(name: str) -> int:
