@@ -21,8 +21,8 @@ demo: $(STAMP)
 # unit, property and model tests on both cores (pure CPU work); then the end-to-end jobs one at
 # a time (their timings are real: lost timeouts, pauses, recoveries)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not e2e" -n 2
-	$(BIN)/python -m pytest -q -m e2e
+	$(BIN)/python -m pytest -q -m "not e2e" -n 2 --durations=8
+	$(BIN)/python -m pytest -q -m e2e --durations=12
 	$(BIN)/ruff check aegis_flow tests bench examples workflows
 	$(BIN)/mypy
 
