@@ -410,3 +410,58 @@ def test_the_cli_with_a_wrong_token_gets_401_and_one_line(server: NodesApiServer
     assert len(lines) == 1 and "HTTP 401" in lines[0] and "failed" in lines[0], lines
     assert [(c.identity, c.status) for c in server.calls] == [(None, 401)]
     assert LABEL not in server.store.get("gpu-1")["metadata"]["labels"]
+
+
+def test_a_taint_added_between_read_and_patch_survives_quarantine(
+        server: NodesApiServer) -> None:
+    """W6: the node lifecycle controller taints the node (unreachable:NoExecute, with its
+    timeAdded) after quarantine read it; the merge patch carries the resourceVersion it read,
+    the API answers 409, quarantine reads again and keeps both taints, timeAdded included."""
+    from aegis_flow.k8s import ops
+    from aegis_flow.k8s.client import KubeNodeApi
+
+    unreachable = {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute",
+                   "timeAdded": "2026-12-01T10:00:00Z"}
+
+    class Racing(KubeNodeApi):
+        raced = False
+
+        def get_node(self, name: str) -> Any:
+            node = super().get_node(name)
+            if not self.raced:  # another controller acts between our GET and our PATCH
+                self.raced = True
+                taints = server.store.get(name)["spec"].get("taints") or []
+                server.store.patch(name, {"spec": {"taints": [*taints, unreachable]}})
+            return node
+
+    [record] = ops.quarantine(Racing(core_v1(server, "tok-master")), ["gpu-0"],
+                              reason="xid 79", now=1.8e9, by="job-1")
+    assert record.action == "quarantined", record
+    taints = server.store.get("gpu-0")["spec"]["taints"]
+    assert {t["key"] for t in taints} == {GPU, LABEL, unreachable["key"]}
+    assert unreachable in taints
+    assert [c.status for c in server.calls if c.method == "PATCH"] == [409, 200]
+    [released] = ops.release(KubeNodeApi(core_v1(server, "tok-master")), ["gpu-0"])
+    assert released.action == "released"
+    assert unreachable in server.store.get("gpu-0")["spec"]["taints"]
+
+
+def test_the_fake_refuses_a_stale_patch_and_quarantine_retries() -> None:
+    from aegis_flow.k8s import ops
+    from aegis_flow.k8s.api import FakeNodeApi
+
+    api = FakeNodeApi([FakeNodeApi.node("n1")])
+    real_get = api.get_node
+    calls = {"n": 0}
+
+    def racing_get(name: str) -> Any:
+        node = real_get(name)
+        calls["n"] += 1
+        if calls["n"] == 1:
+            api.patch_node(name, {"metadata": {"labels": {"other": "1"}}})
+        return node
+
+    api.get_node = racing_get  # type: ignore[method-assign]
+    [record] = ops.quarantine(api, ["n1"], reason="r", now=1.8e9, by="t")
+    assert record.action == "quarantined" and calls["n"] == 2
+    assert api.nodes["n1"]["metadata"]["labels"] == {"other": "1", LABEL: "true"}

@@ -51,7 +51,7 @@ class FakeNodeApi:
     @staticmethod
     def node(name: str, *, labels: dict[str, str] | None = None,
              taints: list[dict[str, str]] | None = None, ready: bool = True) -> dict[str, Any]:
-        return {"metadata": {"name": name, "labels": dict(labels or {})},
+        return {"metadata": {"name": name, "labels": dict(labels or {}), "resourceVersion": "1"},
                 "spec": {"taints": list(taints or [])},
                 "status": {"conditions": [{"type": "Ready",
                                            "status": "True" if ready else "False"}]}}
@@ -69,8 +69,16 @@ class FakeNodeApi:
         return NodeInfo.from_dict(self.nodes[name])
 
     def patch_node(self, name: str, body: dict[str, Any]) -> NodeInfo:
+        """A merge patch; one carrying a stale ``metadata.resourceVersion`` is refused with
+        409 as the API server refuses it. Every applied patch bumps the version."""
         if name not in self.nodes:
             raise NodeNotFound(name)
         self.patches.append((name, copy.deepcopy(body)))
+        meta = self.nodes[name].setdefault("metadata", {})
+        wanted = (body.get("metadata") or {}).get("resourceVersion")
+        if wanted is not None and wanted != meta.get("resourceVersion", "0"):
+            raise NodeApiError(f"patch node {name}: HTTP 409 Conflict", status=409)
+        version = str(int(meta.get("resourceVersion", "0")) + 1)
         self.nodes[name] = merge_patch(self.nodes[name], body)
+        self.nodes[name]["metadata"]["resourceVersion"] = version
         return NodeInfo.from_dict(self.nodes[name])

@@ -30,18 +30,24 @@ class Taint:
     key: str
     effect: str
     value: str | None = None
+    time_added: str | None = field(default=None, compare=False)  # NoExecute taints carry it
 
     def to_dict(self) -> dict[str, str]:
         out = {"key": self.key, "effect": self.effect}
         if self.value is not None:
             out["value"] = self.value
+        if self.time_added is not None:
+            out["timeAdded"] = self.time_added
         return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Taint:
-        value = d.get("value")
+        value, added = d.get("value"), d.get("timeAdded")
+        if added is not None:  # the client gives datetimes back as isoformat: "+00:00" -> "Z"
+            added = str(added).replace("+00:00", "Z")
         return cls(str(d["key"]), str(d.get("effect", "")),
-                   None if value is None else str(value))
+                   None if value is None else str(value),
+                   None if added is None else str(added))
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,7 @@ class NodeInfo:
     annotations: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
     ready: bool = True
+    resource_version: str = ""  # what a patch is conditional on (empty: unconditional)
 
     @property
     def quarantined(self) -> bool:
@@ -79,7 +86,8 @@ class NodeInfo:
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
         return cls(str(meta.get("name", "")), dict(meta.get("labels") or {}),
                    dict(meta.get("annotations") or {}),
-                   tuple(Taint.from_dict(t) for t in spec.get("taints") or ()), ready)
+                   tuple(Taint.from_dict(t) for t in spec.get("taints") or ()), ready,
+                   str(meta.get("resourceVersion") or ""))
 
 
 QUARANTINE_TAINT = Taint(LABEL, TAINT_EFFECT, "true")
@@ -94,20 +102,33 @@ def _other_taints(node: NodeInfo) -> list[dict[str, str]]:
     return [t.to_dict() for t in node.taints if t.key != LABEL]
 
 
+def _guarded(node: NodeInfo, meta: dict[str, Any]) -> dict[str, Any]:
+    """The patch's metadata, made conditional on the node as it was read: ``spec.taints`` is
+    replaced whole, so a taint another controller added since (the node lifecycle
+    controller's ``unreachable:NoExecute`` on a failing node) must make the API refuse the
+    patch (409 Conflict), not vanish; the caller reads the node again and retries."""
+    if node.resource_version:
+        meta["resourceVersion"] = node.resource_version
+    return meta
+
+
 def quarantine_patch(node: NodeInfo, *, reason: str, now: float, by: str,
                      taint: bool = True) -> dict[str, Any]:
-    """Label, annotate and (unless ``taint=False``) taint ``node``."""
-    body: dict[str, Any] = {"metadata": {
+    """Label, annotate and (unless ``taint=False``) taint ``node``; every other taint kept as
+    it is (``timeAdded`` included), the patch conditional on the node's resourceVersion."""
+    body: dict[str, Any] = {"metadata": _guarded(node, {
         "labels": {LABEL: "true"},
-        "annotations": {REASON: reason, AT: timestamp(now), BY: by}}}
+        "annotations": {REASON: reason, AT: timestamp(now), BY: by}})}
     if taint:
         body["spec"] = {"taints": [*_other_taints(node), QUARANTINE_TAINT.to_dict()]}
     return body
 
 
 def release_patch(node: NodeInfo) -> dict[str, Any]:
-    """Remove our label, annotations and taint; keep every other taint."""
-    return {"metadata": {"labels": {LABEL: None}, "annotations": dict.fromkeys(ANNOTATIONS)},
+    """Remove our label, annotations and taint; keep every other taint (conditional, as
+    :func:`quarantine_patch`)."""
+    return {"metadata": _guarded(node, {"labels": {LABEL: None},
+                                        "annotations": dict.fromkeys(ANNOTATIONS)}),
             "spec": {"taints": _other_taints(node)}}
 
 
