@@ -63,6 +63,28 @@ class Toleration(BaseModel):
         return v
 
 
+_KUBELET_VAR = re.compile(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def mangled_by_argo(arg: str) -> str | None:
+    """Why a command argument would not reach the container as written, or None.
+
+    Argo substitutes ``{{...}}`` in a template's command (and an unclosed ``{{`` makes the
+    whole workflow invalid; util/template); the kubelet replaces ``$(NAME)`` with the value of
+    the container's variable NAME and turns ``$$(`` into ``$(`` (its only escape). PURE."""
+    if "{{" in arg or "}}" in arg:
+        return (f"the command argument {arg!r} contains '{{{{' or '}}}}': Argo would replace "
+                "{{...}} with its own variables (or refuse the workflow); there is no escape, "
+                "so pass such a value in a file or an environment variable, and read "
+                "$AEGIS_JOB for the job's name")
+    m = _KUBELET_VAR.search(arg)
+    if m:
+        return (f"the command argument {arg!r} contains $({m.group(1)}): the kubelet replaces "
+                f"$(NAME) with the container's variable NAME; write $$({m.group(1)}) for a "
+                "literal $(...) (e.g. shell command substitution)")
+    return None
+
+
 class JobSpec(BaseModel):
     """One training job. ``nats_url`` empty means an embedded NATS server in the master pod."""
 
@@ -171,6 +193,10 @@ class JobSpec(BaseModel):
         if not v or not v[0]:
             raise ValueError("the command is empty: give the training command, e.g. "
                              "['python', 'train.py'] (on the command line: -- python train.py)")
+        for arg in v:
+            problem = mangled_by_argo(arg)
+            if problem:
+                raise ValueError(problem)
         return v
 
     @field_validator("workers")

@@ -42,8 +42,13 @@ def test_fixture_is_the_7d0199d_workflow() -> None:
 
 
 def test_b1_a_failed_rank_never_reaches_the_verdict() -> None:
-    """B1: rank 1 exits 70 on all 4 attempts; the verdict sees 3 ranks and says succeeded."""
-    r = run("b1-one-rank-node-fault.yaml")
+    """B1: rank 1 exits 70 on all 4 attempts; the verdict sees 3 ranks and says succeeded.
+    (The worker's backoff, 5 s doubling, is scaled to 1 s doubling: same attempts.)"""
+    wf = load_workflow(str(FIXTURE))
+    worker = next(t for t in wf["spec"]["templates"] if t["name"] == "worker")
+    assert worker["retryStrategy"]["backoff"]["duration"] == "5s"
+    worker["retryStrategy"]["backoff"]["duration"] = "1s"
+    r = run("b1-one-rank-node-fault.yaml", wf=wf)
     assert r.phase == "Succeeded", r.status.get("message")
     rank1 = r.node("run(1:1)")
     assert (rank1["type"], rank1["phase"], rank1["message"]) == \

@@ -28,9 +28,12 @@ def ok() -> Outcome:
 
 
 def test_default_budgets_are_the_design_table() -> None:
-    assert {k: v for k, v in DEFAULT_BUDGETS.items() if k != "env"} == {
+    assert {k: v for k, v in DEFAULT_BUDGETS.items() if k not in ("env", "health")} == {
         "io": 30.0, "gpu": 66.0, "runtime": 1.0, "rdma": 25.0,
         "allreduce_connection": 122.0, "allreduce_performance": 182.0}
+    # the health check (ours) is budgeted like the connection check, and can be set on its own
+    assert DEFAULT_BUDGETS["health"] == DEFAULT_BUDGETS["allreduce_connection"]
+    assert resolve_budgets(environ={"AEGIS_CHECK_BUDGETS": "health=10"})["health"] == 10.0
     assert len([c for c in CHECK_TYPES if c != "env"]) == 7
 
 

@@ -60,3 +60,23 @@ def test_from_file_rejects_a_non_mapping(tmp_path: Path) -> None:
 def test_bad_toleration_effect() -> None:
     with pytest.raises(JobSpecError, match="NoSchedule"):
         JobSpec.parse({**BASE, "tolerations": [{"key": "k", "effect": "Never"}]})
+
+
+@pytest.mark.parametrize("arg, says", [
+    ("echo {{", "'{{'"),  # an unclosed tag: Argo refuses the whole workflow
+    ("--lr={{workflow.parameters.lr}}", "Argo would replace {{...}}"),
+    ("echo }}", "'}}'"),
+    ("echo $(date)", "write $$(date)"),
+    ("--addr=$(POD_IP):4222", "write $$(POD_IP)"),
+])
+def test_commands_argo_or_the_kubelet_would_mangle_are_refused(arg: str, says: str) -> None:
+    """Hera would write invalid YAML for an unbalanced '{{' (the review's render with rc 0);
+    Argo and the kubelet would change the others silently."""
+    with pytest.raises(JobSpecError) as err:
+        JobSpec.parse({**BASE, "command": ["sh", "-c", arg]})
+    assert says in str(err.value)
+
+
+def test_the_kubelet_escape_passes() -> None:
+    spec = JobSpec.parse({**BASE, "command": ["sh", "-c", "echo $$(date) $HOME ${X}"]})
+    assert spec.command[2] == "echo $$(date) $HOME ${X}"

@@ -53,6 +53,7 @@ DEFAULT_BUDGETS: Mapping[str, float] = {
     "allreduce_connection": 122.0,
     "allreduce_performance": 182.0,
     "env": 60.0,
+    "health": 122.0,  # bootcheck's collective check: allreduce_connection's budget by default
 }
 #: env var with budget overrides, e.g. ``AEGIS_CHECK_BUDGETS="io=0.5,gpu=2"``
 BUDGETS_ENV = "AEGIS_CHECK_BUDGETS"

@@ -85,7 +85,7 @@ def _collective(opts: CheckOptions) -> list[CheckResult]:
 
 def _health(opts: CheckOptions) -> CheckResult:
     """Bootcheck's health check: a verified all_reduce and all_gather among every rank."""
-    budget = opts.budgets.get("allreduce_connection")
+    budget = opts.budgets.get("health")
     if opts.world_size is None or opts.rank is None or opts.rendezvous is None:
         return not_applicable("health", "health: needs every rank of a job (pass --world-size,"
                               " --rank and --rendezvous on every rank)", budget=budget)
@@ -169,7 +169,8 @@ def handle_check(args: argparse.Namespace) -> int:
     results = run_checks(args.which, opts)
     if args.out:
         tmp = f"{args.out}.tmp"
-        try:
+        try:  # a fresh container has no /tmp/aegis: the directory is ours to make
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
             with open(tmp, "w") as fh:
                 json.dump([r.to_dict() for r in results], fh, default=str)
             os.replace(tmp, args.out)
