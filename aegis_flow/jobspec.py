@@ -99,7 +99,8 @@ class JobSpec(BaseModel):
     memory: str = "2Gi"
     max_retry: int = 3
     namespace: str = "default"
-    service_account: str = "aegis-flow"
+    service_account: str = "aegis-flow"  # nodes get/list/patch: the master and quarantine only
+    executor_service_account: str = "aegis-flow-executor"  # every other pod: Argo's executor
     nats_url: str = ""
     aegis_image: str = DEFAULT_AEGIS_IMAGE
     supervisor: tuple[str, ...] = ("aegis-flow", "worker")
@@ -144,7 +145,8 @@ class JobSpec(BaseModel):
                              "'python3' or '/opt/conda/bin/python'")
         return v
 
-    @field_validator("name", "namespace", "service_account", "bootstrap_secret", "auth_secret")
+    @field_validator("name", "namespace", "service_account", "executor_service_account",
+                     "bootstrap_secret", "auth_secret")
     @classmethod
     def _dns_label(cls, v: str) -> str:
         if not _DNS_LABEL.match(v) or len(v) > 52:

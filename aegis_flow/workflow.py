@@ -122,7 +122,10 @@ def build_workflow(spec: JobSpec) -> Workflow:
         labels={"app.kubernetes.io/managed-by": "aegis-flow", "aegis.io/job": spec.name},
         entrypoint=c.MAIN,
         on_exit=c.REPORT,
-        service_account_name=spec.service_account,
+        # every pod runs the user's code or ours without node rights (Argo's executor needs
+        # only workflowtaskresults); the master and the quarantine step name the node-patching
+        # account themselves
+        service_account_name=spec.executor_service_account,
         arguments=[Parameter(name="max-retry", value=str(spec.max_retry))],
         active_deadline_seconds=spec.active_deadline_seconds,
         ttl_strategy=m.TTLStrategy(seconds_after_completion=spec.ttl_seconds_after_completion),

@@ -23,21 +23,23 @@ DOCS = manifests(OPTS)
 
 
 def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    (doc,) = [d for d in docs if d["kind"] == kind]
-    return doc
+    """The first document of this kind (two ServiceAccounts: the node-patching one first)."""
+    return next(d for d in docs if d["kind"] == kind)
 
 
 def test_install_renders_rbac_checks_and_nats_that_validate() -> None:
     assert [d["kind"] for d in DOCS] == [
-        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-        "WorkflowTemplate", "Service", "StatefulSet"]
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "ServiceAccount",
+        "RoleBinding", "WorkflowTemplate", "Service", "StatefulSet"]
     assert check_documents(DOCS) == []  # Argo schema + lint, and the structural checks
     rules = {(tuple(r["resources"]), tuple(r["verbs"])) for r in by_kind(DOCS, "ClusterRole")[
         "rules"]}
     assert rules == {(("nodes",), ("get", "list", "patch")), (("pods",), ("get", "list"))}
     crb = by_kind(DOCS, "ClusterRoleBinding")
     assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "aegis-flow",
-                                "namespace": "ml"}]
+                                "namespace": "ml"}]  # only this account may patch nodes (W2)
+    assert [s["name"] for s in by_kind(DOCS, "RoleBinding")["subjects"]] == [
+        "aegis-flow", "aegis-flow-executor"]  # both run Argo's executor
     assert by_kind(DOCS, "WorkflowTemplate")["metadata"]["name"] == "aegis-checks"
     assert [d["kind"] for d in manifests(InstallOptions(nats=False))][-1] == "WorkflowTemplate"
 

@@ -152,3 +152,17 @@ def test_b2_ranks_in_different_pods_cannot_rendezvous(tmp_path: Path) -> None:
                 told[rank] = what.split()[0]
     assert told == {str(k): "MASTER_ADDR=127.0.0.1" for k in range(4)}
     assert joined == set()
+
+
+@pytest.mark.parametrize("workflow, patched", [
+    (FIXTURE, True),  # 7d0199d: one service account, with node rights, for every pod
+    (HERE.parent / "workflows" / "training.yaml", False),  # now: the executor account
+])
+def test_w2_a_worker_pod_can_patch_nodes_only_on_the_old_workflow(workflow: Path,
+                                                                   patched: bool) -> None:
+    r = rehearse(load_workflow(str(workflow)),
+                 scenario=scenario.load(str(SCENARIOS / "w2-worker-patches-a-node.yaml")))
+    assert r.phase == "Succeeded", r.status.get("message")
+    gpu5 = next(n for n in r.nodes_after if n["metadata"]["name"] == "gpu-5")
+    assert ("aegis.io/quarantined" in gpu5["metadata"].get("labels", {})) is patched
+    assert any(c.status == 403 for c in r.api_calls) is not patched

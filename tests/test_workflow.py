@@ -73,7 +73,11 @@ def test_workflow_level_settings(wf: dict[str, Any]) -> None:
     assert spec["podGC"] == {"strategy": "OnPodSuccess"}
     assert spec["ttlStrategy"]["secondsAfterCompletion"] == SPEC.ttl_seconds_after_completion
     assert spec["activeDeadlineSeconds"] == SPEC.active_deadline_seconds
-    assert spec["onExit"] == "report" and spec["serviceAccountName"] == "aegis-flow"
+    assert spec["onExit"] == "report" and spec["serviceAccountName"] == "aegis-flow-executor"
+    # W2: only the master and the quarantine step run as the account that may patch nodes
+    node_rights = sorted(t["name"] for t in spec["templates"]
+                         if t.get("serviceAccountName") == "aegis-flow")
+    assert node_rights == ["master", "quarantine"]
     assert wf["metadata"]["generateName"] == "aegis-job-"
 
 

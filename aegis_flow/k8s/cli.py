@@ -57,7 +57,10 @@ def add_parsers(sub: Any) -> None:
         "Apply with: aegis-flow install -o aegis.yaml && kubectl apply -f aegis.yaml")
     i.add_argument("-o", "--output", default="-", help="output file (default: stdout)")
     i.add_argument("--namespace", default="default")
-    i.add_argument("--service-account", default="aegis-flow")
+    i.add_argument("--service-account", default="aegis-flow",
+                   help="the account that may patch nodes (the master, the quarantine step)")
+    i.add_argument("--executor-service-account", default="aegis-flow-executor",
+                   help="every other pod's account: Argo's executor rights only")
     i.add_argument("--aegis-image", default=None, help="image of the check templates")
     i.add_argument("--no-nats", dest="nats", action="store_false",
                    help="no NATS server (jobs embed one in the master pod)")
@@ -137,6 +140,7 @@ def handle_install(args: argparse.Namespace) -> int:
     from aegis_flow.templates.cli import check_documents
 
     opts = InstallOptions(namespace=args.namespace, service_account=args.service_account,
+                          executor_service_account=args.executor_service_account,
                           aegis_image=args.aegis_image or DEFAULT_AEGIS_IMAGE, nats=args.nats,
                           nats_image=args.nats_image, nats_storage=args.nats_storage,
                           auth_secret=args.auth_secret)

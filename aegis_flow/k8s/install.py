@@ -27,6 +27,7 @@ NATS_MONITOR_PORT = 8222
 class InstallOptions:
     namespace: str = "default"
     service_account: str = "aegis-flow"
+    executor_service_account: str = "aegis-flow-executor"
     aegis_image: str = "ghcr.io/aegis-flow/aegis-flow:0.1.0"
     nats: bool = True
     nats_image: str = "nats:2.10-alpine"
@@ -64,11 +65,13 @@ def rbac(o: InstallOptions) -> list[dict[str, Any]]:
          "metadata": _meta(f"{o.service_account}-executor", o.namespace),
          "rules": [{"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"],
                     "verbs": ["create", "patch"]}]},
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": _meta(o.executor_service_account, o.namespace)},
         {"apiVersion": f"{RBAC}/v1", "kind": "RoleBinding",
          "metadata": _meta(f"{o.service_account}-executor", o.namespace),
          "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": f"{o.service_account}-executor"},
-         "subjects": [{"kind": "ServiceAccount", "name": o.service_account,
-                       "namespace": o.namespace}]},
+         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": o.namespace}
+                      for sa in (o.service_account, o.executor_service_account)]},
     ]
 
 

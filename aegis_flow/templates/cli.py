@@ -69,7 +69,10 @@ def _job_flags(r: Any) -> None:
     r.add_argument("--gpus-per-worker", type=non_negative_int)
     r.add_argument("--max-retry", type=non_negative_int, help="the workflow's max-retry default")
     r.add_argument("--namespace")
-    r.add_argument("--service-account")
+    r.add_argument("--service-account", help="the account with nodes get/list/patch, used by "
+                   "the master and the quarantine step only (default aegis-flow)")
+    r.add_argument("--executor-service-account", help="every other pod's account: Argo's "
+                   "executor rights, no node rights (default aegis-flow-executor)")
     r.add_argument("--nats-url", help="external NATS (default: embedded in the master pod)")
     r.add_argument("--aegis-image", help="image with aegis-flow (master, init containers, "
                    "verdict, quarantine, report)")
@@ -98,7 +101,7 @@ def _spec_from_args(args: argparse.Namespace) -> Any:
     if args.file:
         fields = JobSpec.from_file(args.file).model_dump()
     for key in ("name", "image", "workers", "gpus_per_worker", "max_retry", "namespace",
-                "service_account", "nats_url", "aegis_image", "python", "inject_supervisor",
+                "service_account", "executor_service_account", "nats_url", "aegis_image", "python", "inject_supervisor",
                 "metrics_port", "grpc_tls_secret", "grpc_tls_client_secret",
                 "grpc_tls_server_name"):
         value = getattr(args, key)

@@ -58,6 +58,7 @@ def master_template(spec: JobSpec) -> Container:
     return Container(
         name=c.MASTER,
         image=spec.aegis_image,
+        service_account_name=spec.service_account,  # it quarantines nodes (T10)
         command=["python", "-m", "aegis_flow.master"],
         args=master_args(spec),
         daemon=True,

@@ -23,6 +23,7 @@ def quarantine_template(spec: JobSpec) -> Container:
     Argo shows every node it quarantined. Transient API errors are retried."""
     return Container(
         name=c.QUARANTINE, image=spec.aegis_image,
+        service_account_name=spec.service_account,  # nodes get/patch
         command=["aegis-flow", "nodes", "quarantine", c.inp("node"),
                  "--reason", c.inp("reason"), "--by", "{{workflow.name}}",
                  "--record", QUARANTINE_RECORD],
