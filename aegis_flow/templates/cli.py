@@ -101,7 +101,8 @@ def _spec_from_args(args: argparse.Namespace) -> Any:
     if args.file:
         fields = JobSpec.from_file(args.file).model_dump()
     for key in ("name", "image", "workers", "gpus_per_worker", "max_retry", "namespace",
-                "service_account", "executor_service_account", "nats_url", "aegis_image", "python", "inject_supervisor",
+                "service_account", "executor_service_account", "nats_url", "aegis_image",
+                "python", "inject_supervisor",
                 "metrics_port", "grpc_tls_secret", "grpc_tls_client_secret",
                 "grpc_tls_server_name"):
         value = getattr(args, key)
