@@ -178,3 +178,61 @@ def test_recursion_depth_limit() -> None:
     assert len(errors) == 1 and errors[0]["type"] == "Skipped"
     assert errors[0]["message"].startswith("Maximum recursion depth exceeded. See ")
     assert sum(n["type"] == "Steps" for n in r.status["nodes"].values()) == 99
+
+
+# -- Argo's examples, as TestExampleWorkflows runs them (each must end Succeeded) ---------------
+
+def inputs(node: dict[str, Any]) -> dict[str, str]:
+    return {p["name"]: p["value"] for p in node.get("inputs", {}).get("parameters", [])}
+
+
+def test_example_init_container() -> None:
+    """examples/init-container.yaml: an init container mirroring main's emptyDir mount."""
+    r = run("init-container.yaml")
+    assert r.phase == "Succeeded", r.status
+    init = r.pod_specs[r.name]["initContainers"][0]
+    assert init["volumeMounts"] == [{"name": "foo", "mountPath": "/foo"}]
+
+
+def test_example_output_parameter() -> None:
+    """examples/output-parameter.yaml: a file's content becomes the next step's input."""
+    r = run("output-parameter.yaml")
+    assert r.phase == "Succeeded", r.status
+    assert inputs(r.node("consume-parameter"))["message"] == "hello world"
+
+
+def test_example_exit_code_output_variable() -> None:
+    """examples/exit-code-output-variable.yaml: {{steps.X.exitCode}} of a failed step."""
+    r = run("exit-code-output-variable.yaml")
+    assert r.phase == "Succeeded", r.status
+    assert r.node("failing-container")["phase"] == "Failed"
+    assert inputs(r.node("echo-container"))["exitCode"] == "123"
+
+
+def test_example_status_reference() -> None:
+    """examples/status-reference.yaml: `when` on {{steps.X.status}}."""
+    r = run("status-reference.yaml")
+    assert r.phase == "Succeeded", r.status
+    assert r.node("failed")["phase"] == "Succeeded"
+    skipped = r.node("succeeded")
+    assert (skipped["phase"], skipped["message"]) == (
+        "Skipped", "when 'Failed == Succeeded' evaluated false")
+
+
+def test_example_parameter_aggregation() -> None:
+    """examples/parameter-aggregation.yaml: per-name lists and aggregated script results."""
+    r = run("parameter-aggregation-example.yaml")
+    assert r.phase == "Succeeded", r.status
+    assert inputs(r.node("print-nums"))["message"] == '["1","2","3","4"]'
+    assert inputs(r.node("print-evenness"))["message"] == '["odd","even","odd","even"]'
+    assert {n["displayName"] for n in r.nodes_named("print(")} == {"print(0:1)", "print(1:2)"}
+
+
+def test_example_coinflip_recursive() -> None:
+    """examples/coinflip-recursive.yaml: recursion under `when` with bare words."""
+    r = run("coinflip-recursive.yaml")
+    assert r.phase == "Succeeded", r.status
+    assert r.node("heads")["phase"] == "Succeeded"
+    flips = [n for n in r.status["nodes"].values() if n["displayName"] == "flip-coin"]
+    results = [n["outputs"]["result"] for n in flips]
+    assert results[-1] == "heads" and set(results[:-1]) <= {"tails"}

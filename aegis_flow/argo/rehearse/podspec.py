@@ -93,14 +93,15 @@ def build_pod_spec(tmpl: dict[str, Any], wf_spec: dict[str, Any], *, script: boo
     # (createWorkflowPod). Rehearse does not run ``wait`` as a process (pods.WAIT).
     wait = {"name": "wait", "image": "quay.io/argoproj/argoexec",
             "command": ["argoexec", "wait"]}
-    containers = [wait, main, *[dict(s) for s in tmpl.get("sidecars") or []]]
+    sidecars = [_mirror(dict(s), main) for s in tmpl.get("sidecars") or []]
+    containers = [wait, main, *sidecars]
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "containers": containers,
         "volumes": [*(wf_spec.get("volumes") or []), *(tmpl.get("volumes") or [])],
     }
     if tmpl.get("initContainers"):
-        spec["initContainers"] = [dict(c) for c in tmpl["initContainers"]]
+        spec["initContainers"] = [_mirror(dict(c), main) for c in tmpl["initContainers"]]
     for key in ("nodeSelector", "tolerations", "affinity", "serviceAccountName",
                 "automountServiceAccountToken", "terminationGracePeriodSeconds",
                 "priorityClassName", "schedulerName", "securityContext", "hostAliases"):
@@ -115,6 +116,15 @@ def build_pod_spec(tmpl: dict[str, Any], wf_spec: dict[str, Any], *, script: boo
     if failed_hosts:
         spec["affinity"] = add_hostnames_to_affinity(failed_hosts, spec.get("affinity"))
     return spec
+
+
+def _mirror(c: dict[str, Any], main: dict[str, Any]) -> dict[str, Any]:
+    """``mirrorVolumeMounts``: the user container gets main's volume mounts (workflowpod.go
+    ``mirrorVolumeMounts`` for init containers and sidecars)."""
+    if c.pop("mirrorVolumeMounts", False):
+        c["volumeMounts"] = [*(c.get("volumeMounts") or []),
+                             *copy.deepcopy(main.get("volumeMounts") or [])]
+    return c
 
 
 class PatchError(ValueError):

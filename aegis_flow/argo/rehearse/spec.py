@@ -35,10 +35,10 @@ RETRY_HONOURED = {"limit", "retryPolicy", "expression", "backoff", "affinity"}
 BACKOFF_HONOURED = {"duration", "factor", "maxDuration", "cap"}
 CONTAINER_HONOURED = {
     "name", "image", "command", "args", "env", "envFrom", "volumeMounts", "workingDir",
-    "resources", "readinessProbe", "ports", "source",
+    "resources", "readinessProbe", "ports", "source", "mirrorVolumeMounts",
     # accepted, no local effect (images are not pulled; probes other than readiness and
     # security settings do not change what a local process does)
-    "imagePullPolicy", "securityContext", "livenessProbe", "startupProbe", "mirrorVolumeMounts",
+    "imagePullPolicy", "securityContext", "livenessProbe", "startupProbe",
     "terminationMessagePath", "terminationMessagePolicy", "stdin", "tty",
 }
 
