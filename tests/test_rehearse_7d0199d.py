@@ -105,11 +105,18 @@ def test_b6_the_verdict_cannot_start_past_the_env_limit() -> None:
     assert r.phase == "Failed"
 
 
-def test_b2_ranks_in_different_pods_cannot_rendezvous(tmp_path: Path) -> None:
-    """B2 with the real stack (master + NATS sidecar, worker-init, supervisor, train_ddp.py):
-    the master sends every rank MASTER_ADDR=127.0.0.1; in its own pod each rank dials itself,
-    so after every check passed no rank ever joins the process group. (The bootcheck's
-    collective health check waits out its budget at that same address first: 10 s here.)"""
+@pytest.mark.parametrize("workflow, meets", [
+    (FIXTURE, False),  # 7d0199d: MASTER_ADDR=127.0.0.1 for every rank
+    (HERE.parent / "workflows" / "training.yaml", True),  # now: rank 0's pod address
+])
+def test_b2_ranks_in_different_pods_rendezvous_only_at_rank0s_address(
+        tmp_path: Path, workflow: Path, meets: bool) -> None:
+    """B2 with the real stack (master + NATS sidecar, worker-init, supervisor, train_ddp.py).
+    7d0199d: the master sends every rank MASTER_ADDR=127.0.0.1; in its own pod each rank dials
+    itself, so after every check passed no rank ever joins the process group. Now
+    (``--rendezvous-addr rank0``): every rank is sent rank 0's pod address and all 4 join.
+    (The bootcheck's collective health check meets at the same address: its budget is 10 s
+    here, so the old workflow gets past it.)"""
     from aegis_flow.security.cli import MASTER_FILES
     from aegis_flow.security.operator import bootstrap
 
@@ -125,33 +132,42 @@ def test_b2_ranks_in_different_pods_cannot_rendezvous(tmp_path: Path) -> None:
     pods = keep / "pods"
     told_at: list[float] = []
 
+    def lines() -> list[tuple[str, str]]:
+        out = []
+        for log in pods.glob("*-worker-*/containers/main/tmp/rendezvous.log"):
+            for line in log.read_text().splitlines():
+                _, _, rank, what = line.split(" ", 3)
+                out.append((rank, what))
+        return out
+
     def seen_enough() -> str | None:
-        """Every rank has been told where to meet, and 20 s later nobody has joined (a rank
-        joins within a second when the address is right)."""
-        logs = [p.read_text() for p in pods.glob("*-worker-*/containers/main/tmp/rendezvous.log")]
-        if "joined" in "".join(logs):
-            return "a rank joined"
-        if len(logs) == 4 and not told_at:
+        """Every rank joined, or every rank has been told where to meet and 20 s later nobody
+        has joined (a rank joins within seconds when the address is right)."""
+        seen = lines()
+        if len({rank for rank, what in seen if what == "joined"}) == 4:
+            return "every rank joined"
+        if len({rank for rank, _ in seen}) == 4 and not told_at:
             told_at.append(time.monotonic())
         return "20 s after every rank was told" if told_at and \
             time.monotonic() - told_at[0] > 20 else None
 
     sc = scenario.load(str(SCENARIOS / "b2-rendezvous.yaml"))
-    r = rehearse(load_workflow(str(FIXTURE)), scenario=sc, secrets_dir=secrets, keep=keep,
+    r = rehearse(load_workflow(str(workflow)), scenario=sc, secrets_dir=secrets, keep=keep,
                  timeout=150, until=seen_enough)
-    assert r.status["message"] == "rehearse: stopped: 20 s after every rank was told"
     master_log = next(pods.glob("*-master-*")).joinpath("containers/main/stderr").read_text()
     assert "T2: every check passed; run" in master_log
-    told, joined = {}, set()
-    for log in pods.glob("*-worker-*/containers/main/tmp/rendezvous.log"):
-        for line in log.read_text().splitlines():
-            _, _, rank, what = line.split(" ", 3)
-            if what == "joined":
-                joined.add(rank)
-            else:
-                told[rank] = what.split()[0]
-    assert told == {str(k): "MASTER_ADDR=127.0.0.1" for k in range(4)}
-    assert joined == set()
+    told = {rank: what.split()[0] for rank, what in lines() if what != "joined"}
+    joined = {rank for rank, what in lines() if what == "joined"}
+    if meets:
+        assert r.status["message"] == "rehearse: stopped: every rank joined"
+        assert len(set(told.values())) == 1
+        addr = told["0"].removeprefix("MASTER_ADDR=")
+        assert addr.startswith("198.18.") and addr != "127.0.0.1"
+        assert joined == {"0", "1", "2", "3"}
+    else:
+        assert r.status["message"] == "rehearse: stopped: 20 s after every rank was told"
+        assert told == {str(k): "MASTER_ADDR=127.0.0.1" for k in range(4)}
+        assert joined == set()
 
 
 @pytest.mark.parametrize("workflow, patched", [

@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--replace-timeout", type=float, default=MASTER.replace_timeout)
     ap.add_argument("--rendezvous-addr", default="127.0.0.1",
                     help="where rank 0 hosts each epoch's torch rendezvous (MASTER_ADDR of "
-                    "every rank; default 127.0.0.1, one machine)")
+                    "every rank; default 127.0.0.1, one machine; 'rank0': the address rank "
+                    "0's pod reports, for pods on a cluster)")
     ap.add_argument("--rendezvous-port-base", type=int, default=0,
                     help=f"first port of the job's window of {RDZV_SPAN} rendezvous ports "
                     "(default 0: a free window is picked once per job)")

@@ -128,7 +128,8 @@ class Status:
     l2_after: int = 2  # a rank with this many failures on its node: restart its container
     l3_after: int = 3  # ... this many: quarantine its node
     collective_after: int = 2  # ... this many: troubleshoot with the collective checks
-    rdzv_addr: str = "127.0.0.1"  # where rank 0 hosts each epoch's rendezvous
+    rdzv_addr: str = "127.0.0.1"  # where rank 0 hosts each epoch's rendezvous (RDZV_RANK0:
+    #                               rank 0's own pod address, which it reports when it acks)
     rdzv_base: int = 0  # first port of the rendezvous window (0 = ports not assigned)
 
     @property
@@ -180,6 +181,8 @@ def initial_status(
 SETTINGS = frozenset({"give_up_on_repeat", "l2_after", "l3_after", "collective_after",
                       "rdzv_addr", "rdzv_base"})
 RDZV_SPAN = 64  # each order with a rendezvous uses port rdzv_base + seq % RDZV_SPAN
+#: ``rdzv_addr`` meaning "the address rank 0's pod reported" (pods: each has its own loopback)
+RDZV_RANK0 = "rank0"
 
 
 # --------------------------------------------------------------------------- events

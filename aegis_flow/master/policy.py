@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aegis_flow.master.model import RDZV_SPAN, PodInfo, Status, evolve
+from aegis_flow.master.model import RDZV_RANK0, RDZV_SPAN, PodInfo, Status, evolve
 from aegis_flow.vocab import (
     BOOTCHECK_PLAN,
     PEER_SYMPTOM_CAUSES,
@@ -106,8 +106,20 @@ def order_data(status: Status, order: Order, seq: int) -> dict[str, Any]:
         data["checks"] = list(status.plan)
         rendezvous = needs_rendezvous(status.plan)
     if rendezvous:
-        data["rendezvous"] = {"addr": status.rdzv_addr, "port": rendezvous_port(status, seq)}
+        data["rendezvous"] = {"addr": rendezvous_addr(status),
+                              "port": rendezvous_port(status, seq)}
     return data
+
+
+def rendezvous_addr(status: Status) -> str:
+    """Where every rank meets: the job's fixed address, or (``RDZV_RANK0``, pods) the address
+    rank 0's pod reported when it acked - its current one, so a rank 0 moved to another pod
+    is met at its new address (127.0.0.1 until rank 0 has acked: a run order never goes out
+    before every rank acked)."""
+    if status.rdzv_addr != RDZV_RANK0:
+        return status.rdzv_addr
+    rank0 = next((p for p in status.workers if p.rank == 0), None)
+    return rank0.pod_ip if rank0 is not None and rank0.pod_ip else "127.0.0.1"
 
 
 def verdict(status: Status, pod: PodInfo, checks: FaultClass | None) -> FaultClass | None:
@@ -161,4 +173,4 @@ def explain() -> str:
 
 
 __all__ = ["HANG_CAUSE", "answered", "explain", "is_symptom", "judge", "needs_collectives",
-           "order_data", "plan", "rendezvous_port", "verdict"]
+           "order_data", "plan", "rendezvous_addr", "rendezvous_port", "verdict"]

@@ -37,6 +37,8 @@ def master_args(spec: JobSpec) -> list[str]:
             "--metrics-port", str(spec.metrics_port),
             "--auth-dir", inject.AUTH_DIR, "--token-env", "AEGIS_BOOTSTRAP_TOKEN",
             "--grpc-listen", f"0.0.0.0:{spec.grpc_port}", "--quarantine-nodes",
+            # each rank is a pod with its own loopback: meet at rank 0's pod address (B2)
+            "--rendezvous-addr", "rank0",
             # the URL in each worker's credentials: embedded, this pod's IP (Kubernetes
             # expands $(POD_IP) from the env), not the 127.0.0.1 the master itself dials
             "--advertise-nats-url",

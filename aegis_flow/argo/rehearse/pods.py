@@ -255,7 +255,9 @@ class PodRun:
         cdir = self.dir / "containers" / name
         (cdir / "tmp").mkdir(parents=True, exist_ok=True)
         os.chmod(cdir / "tmp", 0o1777)
-        mounts: list[dict[str, object]] = [{"path": "/tmp", "source": str(cdir / "tmp")}]
+        mounts: list[dict[str, object]] = [{"path": "/tmp", "source": str(cdir / "tmp")},
+                                           {"path": "/etc/hosts", "source": str(self._hosts()),
+                                            "readOnly": True}]
         for path, src in self.ctx.image_mounts:
             mounts.append({"path": path, "source": src, "readOnly": True})
         sa = str(self.spec.get("serviceAccountName") or "default")
@@ -294,6 +296,17 @@ class PodRun:
         st = self.view.containers[name]
         st.started = True
         st.ready = kind != "init" and not c.get("readinessProbe")
+
+    def _hosts(self) -> Path:
+        """The pod's /etc/hosts as the kubelet writes it: its hostname is its pod IP (what
+        gloo and NCCL resolve to pick the address they advertise)."""
+        path = self.dir / "etc-hosts"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n"
+                            "::1\tlocalhost ip6-localhost ip6-loopback\n"
+                            f"{self.view.pod_ip}\t{self.name[:63]}\n")
+        return path
 
     def _signal(self, name: str, sig: int) -> None:
         proc = self._procs.get(name)
