@@ -18,12 +18,12 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(BIN)/python -m aegis_flow.demo
 
-# unit, property and model tests on both cores (pure CPU work); then the end-to-end jobs, two at
-# a time (mostly waiting on real timeouts and recoveries: 730 s one at a time, 405-415 s two at a
-# time here, every test passing in both)
+# unit, property and model tests on both cores (pure CPU work); then the end-to-end jobs one at
+# a time (their timings are real: lost timeouts of 2-3 s, pauses, recoveries; two at a time took
+# 405-425 s instead of 730 s, but one run in three lost a heartbeat under the load and failed)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not e2e" -n 2 --durations=8
-	$(BIN)/python -m pytest -q -m e2e -n 2 --durations=12
+	$(BIN)/python -m pytest -q -m e2e --durations=12
 	$(BIN)/ruff check aegis_flow tests bench examples workflows
 	$(BIN)/mypy
 
