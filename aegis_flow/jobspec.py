@@ -86,7 +86,9 @@ def mangled_by_argo(arg: str) -> str | None:
 
 
 class JobSpec(BaseModel):
-    """One training job. ``nats_url`` empty means an embedded NATS server in the master pod."""
+    """One training job. ``nats_url`` empty means the cluster NATS that ``aegis-flow install``
+    runs in the namespace (``nats://aegis-nats.NAMESPACE:4222``, JetStream on a volume): the
+    master keeps its status there, where a restarted master finds it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -110,6 +112,11 @@ class JobSpec(BaseModel):
     ttl_seconds_after_completion: int = 24 * 3600
     pod_retry_limit: int = 3
     master_retry_limit: int = 5
+    # pod-sized timeouts (seconds): the master and the ranks' pods are created together, so
+    # the connect timeout counts from when the run pods exist; both cover scheduling, an
+    # image pull and the init containers (with gang scheduling, the wait for the whole gang)
+    connect_timeout: int = 900  # every rank acks within this, or the ranks run on their own
+    replace_timeout: int = 900  # a replaced rank is back within this, or the job stops
     # zero intrusion: an init container copies the supervisor bundle into the pod and the
     # worker runs it with the image's own Python; False: the image has aegis-flow installed
     inject_supervisor: bool = True
@@ -231,6 +238,14 @@ class JobSpec(BaseModel):
             raise ValueError(f"retry limit ({v}) must be between 0 and 100")
         return v
 
+    @field_validator("connect_timeout", "replace_timeout")
+    @classmethod
+    def _pod_timeout(cls, v: int) -> int:
+        if not 10 <= v <= 7 * 24 * 3600:
+            raise ValueError(f"timeout ({v} s) must be between 10 s and 7 days: a pod needs "
+                             "time to be scheduled, pull its image and run its init containers")
+        return v
+
     @field_validator("active_deadline_seconds", "ttl_seconds_after_completion")
     @classmethod
     def _seconds(cls, v: int) -> int:
@@ -252,7 +267,8 @@ class JobSpec(BaseModel):
     def _nats(cls, v: str) -> str:
         if v and not re.match(r"^(nats|tls|wss?)://[^\s/]+", v):
             raise ValueError(f"nats_url {v!r} is not a NATS URL: write "
-                             "'nats://HOST:4222', or leave it empty for an embedded server")
+                             "'nats://HOST:4222', or leave it empty for the cluster NATS of "
+                             "`aegis-flow install`")
         return v
 
     @field_validator("node_selector")
@@ -285,8 +301,9 @@ class JobSpec(BaseModel):
         return self
 
     @property
-    def embedded_nats(self) -> bool:
-        return not self.nats_url
+    def cluster_nats_url(self) -> str:
+        """The NATS every pod of the job dials (``aegis-flow install``'s, by default)."""
+        return self.nats_url or f"nats://aegis-nats.{self.namespace}:4222"
 
     @property
     def grpc_tls(self) -> bool:

@@ -1,152 +1,149 @@
-"""The phase graph: one definition of the phases of a job and the branches between them.
+"""The phase graph: one definition of the phases of a job, the master's ending, and the
+branches Argo takes on it.
 
-Both backends follow it. The Argo builder (``workflow.attempt_template``) takes the attempt's
-steps, in order, and every step's ``when`` guard from here; the local backend names its
-phases with it (``aegis-flow status`` shows the step a master phase belongs to), and
+Both backends follow it. The Argo builder (``workflow.main_template``) takes the job's steps,
+in order, and every branch step's ``when`` guard from here; the local backend names its phases
+with it (``aegis-flow status`` shows the step a master phase belongs to), and
 ``tests/test_phase_graph.py`` drives the real master state machine and the rendered workflow
 through the same scenarios and checks that both walk the same path through this graph.
 
-The shape (DESIGN.md §5)::
+The shape (DESIGN.md §5, as redesigned against Argo's controller rules)::
 
-    master (daemon, spans every attempt)
-    attempt:  bootcheck → run → verdict ─┬─ succeeded                      → end
-                                         ├─ failed | stopped               → give-up
-                                         ├─ quarantine → troubleshoot → quarantine ─┐
-                                         └─ retry ──────────────────────────────────┤
-                                             attempt < max-retry → resume (= attempt+1)
-                                             otherwise           → give-up
+    master-service                     a Service named after the workflow, owned by it: the
+                                       master's address for as long as the workflow lives
+    master ∥ run                       the master (one pod at a time, recreated if it dies,
+                                       resuming from its stored status) beside one pod per
+                                       rank; the master leads bootcheck, every in-place
+                                       recovery, container restarts and node moves inside run
+    ending = the master's decision ─┬─ succeeded                          → end
+                                    ├─ nodes quarantined                  → quarantine ×node
+                                    └─ failed | stopped | independent,
+                                       or the master did not decide       → give-up
 
-Recovery inside an attempt — restart in place (L1), restart a container or move one pod (L2,
-L3 with the pod's retryStrategy) — happens inside ``run``: the master leads it while the
-worker pods stay up, which locally are the master's Troubleshooting and Restarting phases.
+Every branch reads the master's decision: the output parameters of the master step, which
+ends Succeeded whenever it decided (whatever the job's ending), never the outputs of a failed
+step (Argo drops those from aggregates: review B1).
 
-PURE: data and functions over it (standard library and the core's ``Phase`` only).
+PURE: data and functions over it (standard library and the core's data only).
 """
 
 from __future__ import annotations
 
-import enum
+import json
 from dataclasses import dataclass
 
-from aegis_flow.master.model import Phase
+from aegis_flow.master.model import Phase, Status
 
-# the verdicts of one attempt (contract.verdict reduces the pods' outcomes to one of these)
-SUCCEEDED, FAILED, STOPPED, QUARANTINE, RETRY = (
-    "succeeded", "failed", "stopped", "quarantine", "retry")
-VERDICTS = (SUCCEEDED, FAILED, STOPPED, QUARANTINE, RETRY)
-ESCALATE = (QUARANTINE, RETRY)
-
-
-class Retries(enum.Enum):
-    """Whether a branch needs retries left (``attempt < max-retry``)."""
-
-    ANY = "any"
-    LEFT = "left"
-    EXHAUSTED = "exhausted"
-
-
-@dataclass(frozen=True)
-class Branch:
-    """Take ``step`` when the attempt's verdict is one of ``verdicts`` (and ``retries``)."""
-
-    step: str
-    verdicts: tuple[str, ...]
-    retries: Retries = Retries.ANY
+# the master's decision at the end of a job (``ending``); give-up takes every one but the first
+SUCCEEDED, FAILED, STOPPED, INDEPENDENT = "succeeded", "failed", "stopped", "independent"
+VERDICTS = (SUCCEEDED, FAILED, STOPPED, INDEPENDENT)
+GIVE_UP_ON = (FAILED, STOPPED, INDEPENDENT)
+UNDECIDED = "undecided"  # the master step did not succeed: no decision to read
 
 
 @dataclass(frozen=True)
 class PhaseStep:
-    """One step of the attempt as the Argo UI shows it, and what it is locally."""
+    """One step of the job as the Argo UI shows it, and what it is locally."""
 
     name: str
     local: tuple[Phase, ...] = ()  # the master phases that are this step when run locally
-    fan_out: str = ""  # "ranks": one pod per rank; "bad-nodes": one per node to quarantine
-    after_verdict: bool = False  # guarded by the verdict (see BRANCHES)
+    fan_out: str = ""  # "ranks": one pod per rank; "nodes": one per quarantined node
+    branch: bool = False  # taken or skipped on the master's decision (see ``taken``)
+    beside: str = ""  # runs in the same step group as this step (in parallel)
 
 
-ATTEMPT: tuple[PhaseStep, ...] = (
-    PhaseStep("bootcheck", (Phase.PENDING, Phase.BOOTCHECKING), fan_out="ranks"),
-    PhaseStep("run", (Phase.RUNCOMMAND, Phase.TROUBLESHOOTING, Phase.RESTARTING),
-              fan_out="ranks"),
-    PhaseStep("verdict"),
-    PhaseStep("troubleshoot", fan_out="bad-nodes", after_verdict=True),
-    PhaseStep("quarantine", fan_out="bad-nodes", after_verdict=True),
-    PhaseStep("resume", after_verdict=True),
-    PhaseStep("give-up", (Phase.FAILED,), after_verdict=True),
+JOB: tuple[PhaseStep, ...] = (
+    PhaseStep("master-service"),
+    PhaseStep("master"),
+    PhaseStep("run", (Phase.PENDING, Phase.BOOTCHECKING, Phase.RUNCOMMAND,
+                      Phase.TROUBLESHOOTING, Phase.RESTARTING), fan_out="ranks",
+              beside="master"),
+    PhaseStep("quarantine", fan_out="nodes", branch=True),
+    PhaseStep("give-up", (Phase.FAILED,), branch=True),
 )
 
-BRANCHES: tuple[Branch, ...] = (
-    Branch("troubleshoot", (QUARANTINE,)),
-    Branch("quarantine", (QUARANTINE,)),
-    Branch("resume", ESCALATE, Retries.LEFT),
-    Branch("give-up", (FAILED, STOPPED)),
-    Branch("give-up", ESCALATE, Retries.EXHAUSTED),
-)
-
-# where a job ends: Succeed after a succeeded verdict (no step), Failed in give-up
+# where a job ends: Succeed with no step after run, Failed in give-up
 END_OF = {Phase.SUCCEED: SUCCEEDED, Phase.FAILED: "give-up"}
 
 
+@dataclass(frozen=True)
+class Ending:
+    """The master's decision, as the master step's output parameters carry it."""
+
+    verdict: str
+    quarantined: tuple[str, ...]
+    message: str
+
+    def outputs(self) -> dict[str, str]:
+        return {"verdict": self.verdict, "quarantined": json.dumps(list(self.quarantined)),
+                "message": self.message}
+
+
+def ending(status: Status, summary: str) -> Ending:
+    """The decision of a master whose job has ended (``status.phase`` terminal)."""
+    if status.phase is Phase.SUCCEED:
+        verdict = SUCCEEDED
+    elif status.phase is Phase.INDEPENDENT:
+        verdict = INDEPENDENT
+    elif status.phase is Phase.FAILED:
+        verdict = STOPPED if status.stop_reason else FAILED
+    else:
+        raise ValueError(f"the job has not ended (phase {status.phase.value})")
+    return Ending(verdict, tuple(sorted(status.error_nodes)), summary)
+
+
 def step_names() -> list[str]:
-    return [s.name for s in ATTEMPT]
+    return [s.name for s in JOB]
 
 
-def branches_to(step: str) -> list[Branch]:
-    return [b for b in BRANCHES if b.step == step]
+def groups() -> list[list[str]]:
+    """The steps in their step groups (a step ``beside`` another joins its group)."""
+    out: list[list[str]] = []
+    for s in JOB:
+        if s.beside and out and s.beside in out[-1]:
+            out[-1].append(s.name)
+        else:
+            out.append([s.name])
+    return out
 
 
 def step_of(phase: Phase) -> str:
-    """The attempt step a master phase belongs to (Succeed: the ``succeeded`` end)."""
+    """The job step a master phase belongs to (Succeed: the ``succeeded`` end)."""
     if phase is Phase.SUCCEED:
         return SUCCEEDED
-    for s in ATTEMPT:
+    for s in JOB:
         if phase in s.local:
             return s.name
     return str(phase.value).lower()  # Independent: no workflow step (fault tolerance off)
 
 
-def taken(step: str, verdict: str, *, attempt: int, max_retry: int) -> bool:
-    """Does ``step`` run after an attempt that ended with ``verdict``?"""
-    for b in branches_to(step):
-        left = attempt < max_retry
-        if verdict in b.verdicts and (b.retries is Retries.ANY or
-                                      (b.retries is Retries.LEFT) == left):
-            return True
-    return False
+def taken(step: str, *, decided: bool, verdict: str, quarantined: bool) -> bool:
+    """Does branch ``step`` run, given whether the master decided and what?"""
+    if step == "quarantine":
+        return decided and quarantined
+    if step == "give-up":
+        return not decided or verdict in GIVE_UP_ON
+    raise ValueError(f"step {step!r} is not a branch of the phase graph")
 
 
-def walk(verdicts: list[str], *, max_retry: int) -> list[str]:
-    """The steps a job runs when its attempts end with ``verdicts`` in turn (pure).
-
-    Stops at the first verdict that ends the job; raises ``ValueError`` when the verdicts
-    go on after the job has ended or end before it has.
-    """
-    path: list[str] = []
-    for attempt, verdict in enumerate(verdicts):
-        if verdict not in VERDICTS:
-            raise ValueError(f"unknown verdict {verdict!r}: one of {VERDICTS}")
-        path += [s.name for s in ATTEMPT if not s.after_verdict]
-        after = [s.name for s in ATTEMPT if s.after_verdict and taken(
-            s.name, verdict, attempt=attempt, max_retry=max_retry)]
-        path += after
-        if "resume" not in after:
-            if attempt != len(verdicts) - 1:
-                raise ValueError(f"the job ended after attempt {attempt}; "
-                                 f"{len(verdicts) - attempt - 1} verdicts left over")
-            return path + ([SUCCEEDED] if verdict == SUCCEEDED else [])
-    raise ValueError("the verdicts end with a resume: the job has not ended")
+def walk(verdict: str, *, quarantined: bool = False, decided: bool = True) -> list[str]:
+    """The steps a job runs when its master ends with ``verdict`` (pure)."""
+    if decided and verdict not in VERDICTS:
+        raise ValueError(f"unknown verdict {verdict!r}: one of {VERDICTS}")
+    path = [s.name for s in JOB if not s.branch]
+    path += [s.name for s in JOB if s.branch and taken(
+        s.name, decided=decided, verdict=verdict, quarantined=quarantined)]
+    return path + ([SUCCEEDED] if decided and verdict == SUCCEEDED else [])
 
 
-def guard(step: str, verdict_ref: str, attempt_ref: str, max_retry_ref: str) -> str:
-    """The Argo ``when`` expression of ``step``: its branches, or-ed (expr syntax)."""
-    terms = []
-    for b in branches_to(step):
-        words = " || ".join(f"'{verdict_ref}' == '{v}'" for v in b.verdicts)
-        if b.retries is Retries.ANY:
-            terms.append(words)
-            continue
-        op = "<" if b.retries is Retries.LEFT else ">="
-        terms.append(f"({words}) && {attempt_ref} {op} {max_retry_ref}")
-    if not terms:
-        raise ValueError(f"step {step!r} has no branch in the phase graph")
-    return terms[0] if len(terms) == 1 else " || ".join(f"({t})" for t in terms)
+def guard(step: str, status_ref: str, verdict_ref: str) -> str:
+    """The Argo ``when`` expression of branch ``step`` (govaluate syntax), from the master
+    step's status and its decision. (``quarantine`` is also fanned out over the decision's
+    node list, so an empty list skips it before its guard is read.)"""
+    decided = f"'{status_ref}' == 'Succeeded'"
+    if step == "quarantine":
+        return decided
+    if step == "give-up":
+        words = " || ".join(f"'{verdict_ref}' == '{v}'" for v in GIVE_UP_ON)
+        return f"'{status_ref}' != 'Succeeded' || {words}"
+    raise ValueError(f"step {step!r} has no branch in the phase graph")

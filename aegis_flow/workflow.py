@@ -3,13 +3,12 @@
 
 PURE: builds Hera objects and plain dicts; never submits, never writes a file.
 
-Shape::
+Shape (``aegis_flow.phases``)::
 
-    main:     master (daemon, top level, spans every attempt)  →  attempt(0, [], {})
-    attempt:  bootcheck ×N → run ×N (continueOn failed) → verdict
-              → troubleshoot ×bad (when quarantine) → quarantine ×bad (when quarantine)
-              → resume = attempt(attempt+1, grown list) (when escalate && attempt < max-retry)
-              → give-up (when failed/stopped, or escalate with no retries left)
+    main:     master-service (resource: the Service <workflow>-master, owned by the workflow)
+              → master ∥ run ×N (continueOn failed/error: the master decides the ending)
+              → quarantine ×node (the nodes the master quarantined; when it decided)
+              → give-up (when it decided failed/stopped/independent, or could not decide)
     onExit:   report
 """
 
@@ -23,95 +22,56 @@ from hera.workflows import models as m
 from aegis_flow import phases
 from aegis_flow.jobspec import JobSpec
 from aegis_flow.templates import common as c
-from aegis_flow.templates.checks import (
-    SINGLE_CHECKS,
-    bootcheck_template,
-    check_template,
-    troubleshoot_template,
-)
-from aegis_flow.templates.master import master_addr, master_template, worker_nats_url
-from aegis_flow.templates.recovery import (
-    give_up_template,
-    quarantine_template,
-    report_template,
-    resume_step,
-)
-from aegis_flow.templates.run import verdict_template, worker_template
+from aegis_flow.templates.checks import SINGLE_CHECKS, check_template
+from aegis_flow.templates.master import SERVICE_TEMPLATE, master_template, service_template
+from aegis_flow.templates.recovery import give_up_template, quarantine_template, report_template
+from aegis_flow.templates.run import worker_template
 
 CHECKS_TEMPLATE = "aegis-checks"
-VERDICT_PARAM = "{{steps.verdict.outputs.parameters.verdict}}"
-BAD_NODES = "{{steps.verdict.outputs.parameters.bad-nodes}}"
+MASTER_STATUS = "{{steps.master.status}}"
 
 
-def _ranks(spec: JobSpec) -> m.Sequence:
-    return m.Sequence(count=m.IntOrString(str(spec.workers)))
+def decision(name: str) -> str:
+    return "{{steps.master.outputs.parameters." + name + "}}"
 
 
-def attempt_steps(spec: JobSpec) -> dict[str, Step]:
-    """Every step of an attempt by its phase-graph name, without its ``when`` guard."""
+def job_steps(spec: JobSpec) -> dict[str, Step]:
+    """Every step of the job by its phase-graph name, without its ``when`` guard."""
     return {
-        "bootcheck": Step(
-            name="bootcheck", template=c.BOOTCHECK, with_sequence=_ranks(spec),
-            arguments=[Parameter(name="rank", value="{{item}}"),
-                       Parameter(name="pod-spec-patch", value=c.inp("pod-spec-patch"))]),
+        "master-service": Step(name="master-service", template=SERVICE_TEMPLATE),
+        "master": Step(name=c.MASTER, template=c.MASTER),
         "run": Step(
-            name="run", template=c.WORKER, with_sequence=_ranks(spec),
+            name="run", template=c.WORKER,
+            with_sequence=m.Sequence(count=m.IntOrString(str(spec.workers))),
             continue_on=m.ContinueOn(failed=True, error=True),
-            arguments=[Parameter(name="rank", value="{{item}}"),
-                       Parameter(name="nats-url", value=c.inp("nats-url")),
-                       Parameter(name="master-addr", value=c.inp("master-addr")),
-                       Parameter(name="pod-spec-patch", value=c.inp("pod-spec-patch"))]),
-        "verdict": Step(
-            name="verdict", template=c.VERDICT,
-            arguments=[Parameter(name="runs", value="{{steps.run.outputs.parameters}}"),
-                       Parameter(name="attempt", value=c.inp("attempt")),
-                       Parameter(name="excluded-nodes", value=c.inp("excluded-nodes"))]),
-        "troubleshoot": Step(
-            name="troubleshoot", template=c.TROUBLESHOOT, with_param=BAD_NODES,
-            continue_on=m.ContinueOn(failed=True),
-            arguments=[Parameter(name="node", value="{{item}}")]),
+            arguments=[Parameter(name="rank", value="{{item}}")]),
         "quarantine": Step(
-            name="quarantine", template=c.QUARANTINE, with_param=BAD_NODES,
+            name="quarantine", template=c.QUARANTINE, with_param=decision("quarantined"),
             continue_on=m.ContinueOn(failed=True),
             arguments=[Parameter(name="node", value="{{item}}"),
-                       Parameter(name="reason",
-                                 value="{{workflow.name}} attempt " + c.inp("attempt"))]),
-        "resume": resume_step(),
+                       Parameter(name="reason", value="{{workflow.name}}: "
+                                 + decision("message"))]),
         "give-up": Step(
             name="give-up", template=c.GIVE_UP,
-            arguments=[Parameter(name="verdict", value=VERDICT_PARAM),
-                       Parameter(name="attempt", value=c.inp("attempt"))]),
+            arguments=[Parameter(name="verdict", value=decision("verdict")),
+                       Parameter(name="message", value=decision("message"))]),
     }
 
 
-def attempt_template(spec: JobSpec) -> Steps:
-    """One attempt of the job, recursive through ``resume``: the steps of the phase graph
-    (``aegis_flow.phases``) in its order, each after-verdict step guarded by its branches."""
-    steps = attempt_steps(spec)
-    ordered: list[Any] = []
-    for ps in phases.ATTEMPT:
-        s = steps[ps.name]
-        if ps.after_verdict:
-            s.when = phases.guard(ps.name, VERDICT_PARAM, c.inp("attempt"),
-                                  c.wf_param("max-retry"))
-        ordered.append(s)
-    return Steps(
-        name=c.ATTEMPT,
-        inputs=c.params("attempt", "nats-url", "master-addr", excluded_nodes="[]",
-                        pod_spec_patch="{}"),
-        sub_steps=ordered)
-
-
 def main_template(spec: JobSpec) -> Steps:
-    return Steps(name=c.MAIN, sub_steps=[
-        Step(name=c.MASTER, template=c.MASTER),
-        Step(name="attempt", template=c.ATTEMPT, arguments=[
-            Parameter(name="attempt", value="0"),
-            Parameter(name="nats-url", value=worker_nats_url(spec)),
-            Parameter(name="master-addr", value=master_addr(spec)),
-            Parameter(name="excluded-nodes", value="[]"),
-            Parameter(name="pod-spec-patch", value="{}")]),
-    ])
+    """The job: the phase graph's steps in their groups, each branch guarded by the master's
+    decision (``phases.guard``)."""
+    steps = job_steps(spec)
+    groups: list[Any] = []
+    for names in phases.groups():
+        group = []
+        for name in names:
+            s = steps[name]
+            if name in ("quarantine", "give-up"):
+                s.when = phases.guard(name, MASTER_STATUS, decision("verdict"))
+            group.append(s)
+        groups.append(group if len(group) > 1 else group[0])
+    return Steps(name=c.MAIN, sub_steps=groups)
 
 
 def build_workflow(spec: JobSpec) -> Workflow:
@@ -131,16 +91,20 @@ def build_workflow(spec: JobSpec) -> Workflow:
         ttl_strategy=m.TTLStrategy(seconds_after_completion=spec.ttl_seconds_after_completion),
         pod_gc=m.PodGC(strategy="OnPodSuccess"),
         templates=[
-            main_template(spec), master_template(spec), attempt_template(spec),
-            bootcheck_template(spec), worker_template(spec), verdict_template(spec),
-            troubleshoot_template(spec), quarantine_template(spec), give_up_template(spec),
+            main_template(spec), service_template(spec), master_template(spec),
+            worker_template(spec), quarantine_template(spec), give_up_template(spec),
             report_template(spec),
         ],
     )
 
 
 def build_checks_template(*, image: str, namespace: str | None = None) -> WorkflowTemplate:
-    """``aegis-checks``: ``bootcheck`` and ``check-<name>`` for each check, for templateRef."""
+    """``aegis-checks``: ``bootcheck`` and ``check-<name>`` for each check, for templateRef.
+
+    ``image`` is the **aegis-flow image** (the job's ``aegis_image``): every template runs
+    ``aegis-flow check`` in it (input ``aegis-image``, defaulting to it), never in a caller's
+    image; the templates that check GPUs request, tolerate and expect ``gpus`` of them
+    (``templates.checks.check_template``)."""
     templates: list[Any] = [check_template("bootcheck", c.BOOTCHECK_CHECKS, image=image)]
     templates += [check_template(f"check-{w}", w, image=image) for w in SINGLE_CHECKS]
     return WorkflowTemplate(

@@ -2,18 +2,18 @@
 
 For each scenario, three walks are compared:
 - ``phases.walk`` — the graph itself;
-- the *rendered* workflow, executed on paper: the attempt template's steps in order, each
-  ``when`` guard evaluated with the verdict substituted, ``resume`` recursing into the next
-  attempt (this walk reads only the YAML, never ``aegis_flow.phases``);
+- the *rendered* workflow, executed on paper: the main template's step groups in order, each
+  ``when`` guard evaluated with the master step's status and decision substituted, the
+  quarantine step skipped on an empty node list as Argo does (this walk reads only the YAML,
+  never ``aegis_flow.phases``);
 - the *real* master state machine (``machine.step``) driven by the scenario's events: its
-  phases, named with ``phases.step_of``, and its ending turned into the workers' exit codes,
-  outcome words and the attempt's verdict exactly as the pods would report them.
-``verdict`` is a step only on Argo (a daemon step has no outputs, so the pods' outcomes are
-reduced by a step); locally the master decides, so it is left out of the local comparison.
+  phases, named with ``phases.step_of``, and its ending turned into the master's decision
+  (``phases.ending``), which is what the master step's outputs carry.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -27,15 +27,12 @@ from aegis_flow.master.machine import (
     Event,
     FaultClass,
     Finish,
-    Outcome,
     Phase,
     Status,
     Stop,
     initial_status,
     step,
 )
-from aegis_flow.outcome import outcome_of, quit_exit_code
-from aegis_flow.templates.contract import verdict
 from aegis_flow.workflow import render
 
 MAX_RETRY = 2
@@ -43,46 +40,49 @@ WF = render(JobSpec(image="img", command=("python", "t.py"), workers=3, max_retr
 TEMPLATES = {t["name"]: t for t in WF["spec"]["templates"]}
 
 
-def argo_walk(verdicts: list[str], attempt: int = 0) -> list[str]:
-    """Run the rendered attempt template on paper."""
+def argo_walk(verdict: str, quarantined: list[str], *, decided: bool = True) -> list[str]:
+    """Run the rendered main template on paper."""
+    values = {"steps.master.status": "Succeeded" if decided else "Failed",
+              "steps.master.outputs.parameters.verdict": verdict,
+              "steps.master.outputs.parameters.quarantined": json.dumps(quarantined)}
     path: list[str] = []
-    for group in TEMPLATES["attempt"]["steps"]:
+    for group in TEMPLATES["main"]["steps"]:
         for s in group:
-            if "when" in s:
-                values = {"steps.verdict.outputs.parameters.verdict": verdicts[attempt],
-                          "inputs.parameters.attempt": str(attempt),
-                          "workflow.parameters.max-retry": WF["spec"]["arguments"][
-                              "parameters"][0]["value"]}
-                if not evaluate(substitute(s["when"], values)):
-                    continue
+            if "withParam" in s and not json.loads(substitute(s["withParam"], values)):
+                continue  # Argo: "Skipped, empty params", before the guard is read
+            if "when" in s and not evaluate(substitute(s["when"], values)):
+                continue
             path.append(s["name"])
-            if s["template"] == "attempt":
-                path += argo_walk(verdicts, attempt + 1)
-    if path[-1] == "verdict" and verdicts[attempt] == phases.SUCCEEDED:
-        path.append(phases.SUCCEEDED)  # no step runs; the workflow ends Succeeded
+    if decided and verdict == phases.SUCCEEDED and "give-up" not in path:
+        path.append(phases.SUCCEEDED)  # the workflow ends Succeeded
     return path
 
 
-@pytest.mark.parametrize("verdicts", [
-    ["succeeded"], ["failed"], ["stopped"], ["quarantine", "succeeded"],
-    ["retry", "quarantine", "succeeded"], ["retry", "retry", "retry"],
-    ["quarantine", "quarantine", "quarantine"], ["quarantine", "failed"]])
-def test_the_rendered_workflow_walks_the_graph(verdicts: list[str]) -> None:
-    assert argo_walk(verdicts) == phases.walk(verdicts, max_retry=MAX_RETRY)
+@pytest.mark.parametrize(("verdict", "quarantined", "decided"), [
+    ("succeeded", [], True), ("failed", [], True), ("stopped", [], True),
+    ("independent", [], True), ("succeeded", ["gpu-2"], True), ("failed", ["gpu-2", "gpu-3"],
+                                                                True),
+    ("undecided", [], False), ("failed", ["gpu-1"], False)])
+def test_the_rendered_workflow_walks_the_graph(verdict: str, quarantined: list[str],
+                                               decided: bool) -> None:
+    assert argo_walk(verdict, quarantined, decided=decided) == phases.walk(
+        verdict, quarantined=bool(quarantined), decided=decided)
 
 
-def test_the_attempt_template_has_the_graph_steps_in_order() -> None:
-    names = [s["name"] for g in TEMPLATES["attempt"]["steps"] for s in g]
-    assert names == phases.step_names()
+def test_the_main_template_has_the_graph_steps_in_their_groups() -> None:
+    groups = [[s["name"] for s in g] for g in TEMPLATES["main"]["steps"]]
+    assert groups == phases.groups() == [["master-service"], ["master", "run"],
+                                         ["quarantine"], ["give-up"]]
 
 
-def test_walk_refuses_impossible_histories() -> None:
-    with pytest.raises(ValueError, match="left over"):
-        phases.walk(["succeeded", "failed"], max_retry=2)
-    with pytest.raises(ValueError, match="has not ended"):
-        phases.walk(["retry"], max_retry=2)
+def test_walk_refuses_an_unknown_verdict() -> None:
     with pytest.raises(ValueError, match="unknown verdict"):
-        phases.walk(["maybe"], max_retry=2)
+        phases.walk("maybe")
+
+
+def test_a_job_that_has_not_ended_has_no_decision() -> None:
+    with pytest.raises(ValueError, match="has not ended"):
+        phases.ending(initial_status(2, 1), "")
 
 
 # -- the local master, driven through the same graph ---------------------------------------
@@ -146,31 +146,28 @@ def local_path(seen: list[Phase]) -> list[str]:
     return path
 
 
-def pods_verdict(status: Status) -> str:
-    """What the worker pods would write at the end, reduced as the verdict step does."""
-    if status.phase is Phase.SUCCEED:
-        outcome = Outcome.SUCCESS
-    else:
-        outcome = Outcome.STOPPED if status.stop_reason else Outcome.FAILED
-    words = [outcome_of(quit_exit_code(outcome.value)) for _ in status.workers]
-    return verdict(words, [p.node for p in status.workers], [])["verdict"]
-
-
-@pytest.mark.parametrize(("name", "expected"), [
-    ("clean", "succeeded"), ("crash-recovered", "succeeded"), ("node-fault", "succeeded"),
-    ("too-many-crashes", "failed"), ("stopped", "stopped")])
-def test_the_local_master_walks_the_same_path(name: str, expected: str) -> None:
+@pytest.mark.parametrize(("name", "expected", "quarantined"), [
+    ("clean", "succeeded", []), ("crash-recovered", "succeeded", []),
+    ("node-fault", "succeeded", ["node-2"]), ("too-many-crashes", "failed", []),
+    ("stopped", "stopped", [])])
+def test_the_local_master_walks_the_same_path(name: str, expected: str,
+                                              quarantined: list[str]) -> None:
+    """Locally the master's phases are the steps; on Argo the master step and the ranks
+    run together, so the local walk (run, then its ending) is the graph's walk without the
+    Argo-only steps in front (the Service, the master's own step)."""
     status, seen = scenario(name)
     assert status.phase.terminal, seen
-    v = pods_verdict(status)
-    assert v == expected
-    argo = [s for s in argo_walk([v]) if s != "verdict"]
-    graph = [s for s in phases.walk([v], max_retry=MAX_RETRY) if s != "verdict"]
-    assert local_path(seen) == argo == graph, seen
+    decision = phases.ending(status, "summary")
+    assert (decision.verdict, list(decision.quarantined)) == (expected, quarantined)
+    argo = argo_walk(decision.verdict, list(decision.quarantined))
+    graph = phases.walk(decision.verdict, quarantined=bool(decision.quarantined))
+    argo_only = {"master-service", "master", "quarantine"}
+    assert argo == graph
+    assert local_path(seen) == [s for s in graph if s not in argo_only], seen
 
 
 def test_every_master_phase_has_a_place_in_the_graph() -> None:
-    placed = {ph for s in phases.ATTEMPT for ph in s.local} | set(phases.END_OF)
+    placed = {ph for s in phases.JOB for ph in s.local} | set(phases.END_OF)
     assert placed | {Phase.INDEPENDENT} == set(Phase)  # Independent: fault tolerance is off
 
 

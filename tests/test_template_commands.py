@@ -58,8 +58,8 @@ def test_worker_init_parses_with_worker_init() -> None:
     argv = fill(init["command"] + init["args"])
     assert argv[:2] == ["aegis-flow", "worker-init"]
     a = build_parser().parse_args(argv[2:])
-    assert (a.master, a.job, a.worker, a.out) == ("10.0.0.5:50051", "wf-abc", "1",
-                                                  "/aegis/creds")
+    assert (a.master, a.job, a.worker, a.out) == ("wf-abc-master:50051", "wf-abc", "1",
+                                                  "/aegis/creds")  # the master's Service
     assert a.token_file == "/var/run/aegis/bootstrap/token"
 
 
@@ -68,7 +68,7 @@ def test_worker_init_tls_flags_parse_with_worker_init() -> None:
 
     init = {i["name"]: i for i in T_TLS["worker"]["initContainers"]}["aegis-worker-init"]
     a = build_parser().parse_args(fill(init["command"] + init["args"])[2:])
-    assert a.master == "10.0.0.5:50051"
+    assert a.master == "wf-abc-master:50051"
     assert (a.tls_ca, a.tls_server_name) == ("/var/run/aegis/grpc-tls/ca.crt",
                                              "aegis-master.default.svc")
     assert (a.tls_cert, a.tls_key) == ("/var/run/aegis/grpc-tls-client/tls.crt",
@@ -76,21 +76,6 @@ def test_worker_init_tls_flags_parse_with_worker_init() -> None:
     plain = {i["name"]: i for i in T["worker"]["initContainers"]}["aegis-worker-init"]
     b = build_parser().parse_args(fill(plain["command"] + plain["args"])[2:])
     assert (b.tls_ca, b.tls_cert, b.tls_key, b.tls_server_name) == ("", "", "", "")
-
-
-@pytest.mark.parametrize("template", ["bootcheck", "troubleshoot"])
-def test_check_pods_parse_with_the_check_cli(template: str) -> None:
-    import argparse
-
-    from aegis_flow.steps.cli import add_parsers
-
-    c = T[template]["container"]
-    argv = fill(c["command"] + c["args"])
-    assert argv[:2] == ["python3", "/aegis/aegis-supervisor.pyz"]  # the bundle's `check`
-    ap = argparse.ArgumentParser()
-    add_parsers(ap.add_subparsers(dest="command", required=True))
-    a = ap.parse_args(argv[2:])
-    assert a.command == "check" and a.out == "/tmp/aegis/check.json"
 
 
 def test_the_quarantine_step_parses_with_aegis_flow() -> None:
@@ -158,10 +143,11 @@ def test_the_master_command_parses_and_configures_the_master(
     security = seen["security"]  # --auth-dir: it serves SyncWorkerCreds, where workers dial
     assert security.cfg.grpc_listen == "0.0.0.0:50051"
     assert security.cfg.token == "t" * 32  # from the Secret, through the environment
-    # workers get the pod's IP in their credentials (Kubernetes expands $(POD_IP))
-    assert security.cfg.advertise_nats_urls == ("nats://$(POD_IP):4222",)
-    env = {e["name"]: e for e in c["env"]}
-    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
-    attempt0 = {p["name"]: p["value"] for p in T["main"]["steps"][1][0]["arguments"][
-        "parameters"]}
-    assert attempt0["master-addr"] == "{{steps.master.ip}}:50051"  # → worker-init --master
+    # workers get the cluster NATS in their credentials, as the master itself dials it
+    assert security.cfg.advertise_nats_urls == ("nats://aegis-nats.default:4222",)
+    assert cfg.nats_url == "nats://aegis-nats.default:4222"
+    assert (cfg.connect_timeout, cfg.replace_timeout) == (900, 900)
+    assert cfg.decision_dir == "/tmp/aegis/decision"  # → the master step's outputs
+    outputs = {p["name"]: p["valueFrom"]["path"] for p in T["master"]["outputs"]["parameters"]}
+    assert outputs == {n: f"{cfg.decision_dir}/{n}" for n in ("verdict", "quarantined",
+                                                               "message")}

@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from aegis_flow.jobspec import JobSpec
 from aegis_flow.templates import contract
 from aegis_flow.templates.checks import bootcheck_template, troubleshoot_template
-from aegis_flow.templates.master import master_template, worker_nats_url
+from aegis_flow.templates.master import master_template, service_template
 from aegis_flow.templates.recovery import quarantine_template, report_template
-from aegis_flow.templates.run import verdict_source, worker_template
+from aegis_flow.templates.run import worker_template
 
 SPEC = JobSpec(image="img:1", command=("python", "train.py", "--lr", "3"), workers=4,
                gpus_per_worker=8, max_retry=3)
@@ -48,10 +43,13 @@ def test_worker_pods_get_the_bundle_and_credentials_from_init_containers() -> No
     args = init["aegis-worker-init"]["args"]
     assert init["aegis-worker-init"]["command"] == ["aegis-flow", "worker-init"]
     flags = dict(zip(args[::2], args[1::2], strict=True))
-    assert flags == {"--master": "{{inputs.parameters.master-addr}}",
+    assert flags == {"--master": "{{workflow.name}}-master:50051",
                      "--job": "{{workflow.name}}", "--namespace": "default",
                      "--worker": "{{inputs.parameters.rank}}",
-                     "--token-file": "/var/run/aegis/bootstrap/token", "--out": "/aegis/creds"}
+                     "--token-file": "/var/run/aegis/bootstrap/token", "--out": "/aegis/creds",
+                     # 900 s connect timeout / (10 s deadline + 4 s backoff): as long as the
+                     # master waits for the ranks
+                     "--deadline": "10", "--retries": "65"}
     vols = {v["name"]: v for v in w["volumes"]}
     assert vols["aegis"] == {"name": "aegis", "emptyDir": {}}
     assert vols["bootstrap-token"]["secret"]["secretName"] == "aegis-bootstrap"
@@ -95,9 +93,10 @@ def test_worker_retry_moves_only_this_pod_and_never_to_a_quarantined_node() -> N
     expr = w["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert expr["nodeSelectorTerms"][0]["matchExpressions"] == [
         {"key": "aegis.io/quarantined", "operator": "DoesNotExist"}]
-    # the excluded list travels only through podSpecPatch (an affinity cannot take a list)
-    assert w["podSpecPatch"] == "{{inputs.parameters.pod-spec-patch}}"
-    assert "NotIn" not in json.dumps(w["affinity"])
+    assert "NotIn" not in json.dumps(w["affinity"]) and "podSpecPatch" not in w
+    assert "maxDuration" not in rs["backoff"]  # B3: a deadline from the first pod, in Argo
+    env = {e["name"]: e.get("value") for e in w["container"]["env"]}
+    assert env["AEGIS_EXPECT_GPUS"] == "8"  # GPUs asked for and none usable: a node fault
 
 
 def test_worker_writes_its_outcome_as_an_output_parameter() -> None:
@@ -107,21 +106,31 @@ def test_worker_writes_its_outcome_as_an_output_parameter() -> None:
     assert outs["node"]["path"] == contract.NODE_FILE
 
 
-def test_master_is_a_daemon_with_readiness_and_retries() -> None:
+def test_master_is_a_retried_step_behind_a_service_that_writes_its_decision() -> None:
     m = built(master_template(SPEC))
-    assert m["daemon"] is True
+    assert "daemon" not in m and "sidecars" not in m  # state in the cluster NATS
     assert m["container"]["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 9464}
-    assert "--max-retry" in m["container"]["args"]
-    assert "{{workflow.parameters.max-retry}}" in m["container"]["args"]
+    args = m["container"]["args"]
+    assert args[args.index("--max-retry") + 1] == "{{workflow.parameters.max-retry}}"
+    assert args[args.index("--nats-url") + 1] == "nats://aegis-nats.default:4222"
+    assert args[args.index("--decision-dir") + 1] == "/tmp/aegis/decision"
+    assert args[args.index("--connect-timeout") + 1] == "900"
+    assert args[args.index("--replace-timeout") + 1] == "900"
     assert m["retryStrategy"]["expression"] == contract.master_retry_expression()
-    assert [s["name"] for s in m["sidecars"]] == ["nats"]  # embedded NATS
+    assert "maxDuration" not in m["retryStrategy"]["backoff"]
+    svc = built(service_template(SPEC))
+    assert svc["resource"]["action"] == "create"
+    assert svc["serviceAccountName"] == "aegis-flow"
 
 
-def test_external_nats_has_no_sidecar() -> None:
-    spec = SPEC.model_copy(update={"nats_url": "nats://nats.aegis:4222"})
-    assert "sidecars" not in built(master_template(spec))
-    assert worker_nats_url(spec) == "nats://nats.aegis:4222"
-    assert worker_nats_url(SPEC) == "nats://{{steps.master.ip}}:4222"
+def test_a_job_file_can_name_its_own_nats_and_timeouts() -> None:
+    spec = SPEC.model_copy(update={"nats_url": "nats://nats.aegis:4222", "connect_timeout": 60})
+    m = built(master_template(spec))["container"]["args"]
+    assert m[m.index("--nats-url") + 1] == "nats://nats.aegis:4222"
+    w = built(worker_template(spec))["container"]["command"]
+    assert w[w.index("--nats-url") + 1] == "nats://nats.aegis:4222"
+    # a rank waits for the master's first order longer than the master waits for it
+    assert float(w[w.index("--master-timeout") + 1]) > 60
 
 
 def test_bootcheck_and_troubleshoot_call_aegis_flow_check() -> None:
@@ -143,43 +152,6 @@ def test_quarantine_runs_the_nodes_cli_and_records_the_result() -> None:
         {"name": "record", "valueFrom": {"path": record, "default": "[]"}}]
     assert q["retryStrategy"]["limit"] == "2"
     assert built(report_template(SPEC))["script"]["command"] == ["python"]
-
-
-@pytest.mark.parametrize(("outcomes", "nodes", "excluded", "verdict", "bad"), [
-    (["succeeded"] * 3, ["a", "b", "c"], [], "succeeded", []),
-    (["succeeded", "node-fault", "succeeded"], ["a", "b", "c"], [], "quarantine", ["b"]),
-    (["slow-node", "succeeded"], ["a", "b"], ["z"], "quarantine", ["a"]),
-    (["job-failed", "node-fault"], ["a", "b"], [], "failed", ["b"]),
-    (["stopped", "job-failed"], ["a", "b"], [], "stopped", []),
-    (["container-restart", "succeeded"], ["a", "b"], [], "retry", []),
-    (["unknown", "succeeded"], ["", "b"], [], "retry", []),
-    ([], [], [], "retry", []),
-])
-def test_verdict_table(outcomes: list[str], nodes: list[str], excluded: list[str],
-                       verdict: str, bad: list[str]) -> None:
-    out = contract.verdict(outcomes, nodes, excluded)
-    assert out["verdict"] == verdict and json.loads(out["bad-nodes"]) == bad
-    grown = sorted(set(excluded) | set(bad))
-    assert json.loads(out["excluded-nodes"]) == grown
-    patch = json.loads(out["pod-spec-patch"])
-    if not grown:
-        assert patch == {}  # NotIn [] is invalid
-    else:
-        terms = patch["affinity"]["nodeAffinity"][
-            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-        assert terms[0]["matchExpressions"][1]["values"] == grown
-
-
-def test_the_generated_verdict_script_runs(tmp_path: Path) -> None:
-    """The script embedded in the workflow, run as the verdict pod would run it."""
-    runs = [{"outcome": "succeeded", "node": "n1"}, {"outcome": "node-fault", "node": "n2"}]
-    env = {**os.environ, "RUNS": json.dumps(runs), "ATTEMPT": "1", "EXCLUDED": '["n0"]',
-           "AEGIS_OUTCOME_DIR": str(tmp_path)}
-    subprocess.run([sys.executable, "-c", verdict_source()], env=env, check=True,
-                   capture_output=True)
-    assert (tmp_path / "verdict").read_text() == "quarantine"
-    assert (tmp_path / "next-attempt").read_text() == "2"
-    assert json.loads((tmp_path / "excluded-nodes").read_text()) == ["n0", "n2"]
 
 
 def test_outcome_words_cover_every_exit_code() -> None:

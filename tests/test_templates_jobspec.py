@@ -11,10 +11,12 @@ from aegis_flow.jobspec import JobSpec, JobSpecError
 BASE = {"image": "img:1", "command": ["python", "train.py"]}
 
 
-def test_defaults_and_embedded_nats() -> None:
+def test_defaults_and_the_cluster_nats() -> None:
     spec = JobSpec.parse(BASE)
-    assert spec.workers == 2 and spec.max_retry == 3 and spec.embedded_nats
-    assert not JobSpec.parse({**BASE, "nats_url": "nats://nats:4222"}).embedded_nats
+    assert spec.workers == 2 and spec.max_retry == 3
+    assert spec.cluster_nats_url == "nats://aegis-nats.default:4222"  # aegis-flow install's
+    assert JobSpec.parse({**BASE, "nats_url": "nats://nats:4222"}).cluster_nats_url == \
+        "nats://nats:4222"
 
 
 @pytest.mark.parametrize(("field", "value", "says"), [
@@ -27,6 +29,8 @@ def test_defaults_and_embedded_nats() -> None:
     ("nats_url", "localhost:4222", "nats://HOST:4222"),
     ("image", "bad image", "is not an image reference"),
     ("gpus_per_worker", -1, "between 0 and 64"),
+    ("connect_timeout", 5, "between 10 s and 7 days"),
+    ("replace_timeout", 10**7, "between 10 s and 7 days"),
     ("workrs", 3, "unknown field 'workrs': check the spelling"),
     ("node_selector", {"aegis.io/quarantined": "x"}, "already keeps workers off"),
 ])

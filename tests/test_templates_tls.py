@@ -91,7 +91,7 @@ def test_tls_worker_init_gets_only_the_ca_and_checks_the_masters_name() -> None:
     f = flags(init["args"])
     assert mounted_file(w, init, f["--tls-ca"]) == ("aegis-grpc-tls", "ca.crt")
     assert f["--tls-server-name"] == "aegis-master.training.svc"
-    assert f["--master"] == "{{inputs.parameters.master-addr}}"  # still the pod IP
+    assert f["--master"] == "{{workflow.name}}-master:50051"  # the Service, not the name
     assert "--tls-cert" not in f and "--tls-key" not in f
     # the master's private key never reaches a worker pod
     tls_volume = {v["name"]: v for v in w["volumes"]}["grpc-tls"]["secret"]

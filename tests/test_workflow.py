@@ -36,35 +36,39 @@ def test_passes_the_strict_schema_and_the_lint(wf: dict[str, Any]) -> None:
     assert validate_schema(wf) == []
 
 
-def test_master_daemon_at_the_top_then_the_attempt(wf: dict[str, Any]) -> None:
+def test_service_then_the_master_beside_the_ranks(wf: dict[str, Any]) -> None:
     t = templates(wf)
     main = t[wf["spec"]["entrypoint"]]["steps"]
-    assert [[s["name"] for s in g] for g in main] == [["master"], ["attempt"]]
-    assert t["master"]["daemon"] is True
-    args = {p["name"]: p["value"] for p in main[1][0]["arguments"]["parameters"]}
-    assert args == {"attempt": "0", "nats-url": "nats://{{steps.master.ip}}:4222",
-                    "master-addr": "{{steps.master.ip}}:50051",
-                    "excluded-nodes": "[]", "pod-spec-patch": "{}"}
+    assert [[s["name"] for s in g] for g in main] == [
+        ["master-service"], ["master", "run"], ["quarantine"], ["give-up"]]
+    assert "daemon" not in t["master"]  # W1: a daemon in a finished steps group is not retried
+    assert t["master"]["metadata"]["labels"] == {"aegis.io/master": "{{workflow.name}}"}
+    service = yaml.safe_load(t["master-service"]["resource"]["manifest"])
+    assert service["metadata"]["name"] == "{{workflow.name}}-master"
+    assert service["spec"]["selector"] == t["master"]["metadata"]["labels"]
+    assert t["master-service"]["resource"]["setOwnerReference"] is True
+    run = steps(t["main"])["run"]
+    assert run["withSequence"] == {"count": "4"}
+    assert run["continueOn"] == {"failed": True, "error": True}
+    init = t["worker"]["initContainers"][-1]["args"]
+    assert init[init.index("--master") + 1] == "{{workflow.name}}-master:50051"
 
 
-def test_attempt_phases_in_order(wf: dict[str, Any]) -> None:
-    attempt = templates(wf)["attempt"]
-    assert [[s["name"] for s in g] for g in attempt["steps"]] == [
-        ["bootcheck"], ["run"], ["verdict"], ["troubleshoot"], ["quarantine"], ["resume"],
-        ["give-up"]]
-    s = steps(attempt)
-    assert s["bootcheck"]["withSequence"] == {"count": "4"}
-    assert s["run"]["withSequence"] == {"count": "4"}
-    assert s["run"]["continueOn"] == {"failed": True, "error": True}
-    assert s["verdict"]["arguments"]["parameters"][0]["value"] == \
-        "{{steps.run.outputs.parameters}}"
+def test_branches_read_the_decision_of_a_master_that_succeeded(wf: dict[str, Any]) -> None:
+    s = steps(templates(wf)["main"])
+    for name in ("quarantine", "give-up"):
+        assert "'{{steps.master.status}}'" in s[name]["when"]
+    assert s["quarantine"]["withParam"] == "{{steps.master.outputs.parameters.quarantined}}"
+    outputs = {p["name"]: p["valueFrom"] for p in
+               templates(wf)["master"]["outputs"]["parameters"]}
+    assert set(outputs) == {"verdict", "quarantined", "message"}
+    assert all("default" in v for v in outputs.values())
 
 
-def test_recursion_is_guarded_by_outcome_and_max_retry(wf: dict[str, Any]) -> None:
-    resume = steps(templates(wf)["attempt"])["resume"]
-    assert resume["template"] == "attempt"
-    assert "{{steps.verdict.outputs.parameters.verdict}}" in resume["when"]
-    assert "{{inputs.parameters.attempt}} < {{workflow.parameters.max-retry}}" in resume["when"]
+def test_no_retry_has_a_max_duration(wf: dict[str, Any]) -> None:
+    """B3: Argo reads backoff.maxDuration as a deadline from the first pod."""
+    for t in wf["spec"]["templates"]:
+        assert "maxDuration" not in ((t.get("retryStrategy") or {}).get("backoff") or {}), t["name"]
 
 
 def test_workflow_level_settings(wf: dict[str, Any]) -> None:
@@ -77,7 +81,7 @@ def test_workflow_level_settings(wf: dict[str, Any]) -> None:
     # W2: only the master and the quarantine step run as the account that may patch nodes
     node_rights = sorted(t["name"] for t in spec["templates"]
                          if t.get("serviceAccountName") == "aegis-flow")
-    assert node_rights == ["master", "quarantine"]
+    assert node_rights == ["master", "master-service", "quarantine"]
     assert wf["metadata"]["generateName"] == "aegis-job-"
 
 
@@ -114,7 +118,7 @@ def test_cli_render_from_a_job_file_with_overrides(tmp_path: Path) -> None:
                      "-o", str(out)]) == 0
     wf, wt = yaml.safe_load_all(out.read_text())
     assert wf["metadata"]["generateName"] == "llm-" and wt["kind"] == "WorkflowTemplate"
-    assert steps(templates(wf)["attempt"])["run"]["withSequence"] == {"count": "3"}
+    assert steps(templates(wf)["main"])["run"]["withSequence"] == {"count": "3"}
 
 
 def test_cli_render_rejects_a_bad_job_with_the_fix(capsys: pytest.CaptureFixture[str]) -> None:

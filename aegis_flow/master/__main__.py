@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -59,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
                     f"{MASTER.outage_limit:g})")
     ap.add_argument("--linger", type=float, default=MASTER.linger)
     ap.add_argument("--status-file", default="", help="write the final status here too")
+    ap.add_argument("--decision-dir", default="",
+                    help="on Argo: write the job's ending (files verdict, quarantined, message) "
+                    "here for the master step's output parameters, and exit 0 once the job has "
+                    "ended, whatever the ending (the branches read the decision)")
+    ap.add_argument("--progress-file", default=os.environ.get("ARGO_PROGRESS_FILE", ""),
+                    help="write 'restarts used/max-retry' here after every change (default: "
+                    "$ARGO_PROGRESS_FILE, Argo's self-reported progress)")
     ap.add_argument("--log-level", default="INFO")
     ap.add_argument("--metrics-port", type=port, default=DEFAULT_METRICS_PORT,
                     help="serve /metrics, /healthz, /readyz here (0 = a free port; default "
@@ -111,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                        outage_limit=a.outage_limit, resumed=a.resumed,
                        rendezvous_addr=a.rendezvous_addr,
                        rendezvous_port_base=a.rendezvous_port_base,
-                       status_file=a.status_file, metrics_port=a.metrics_port,
+                       status_file=a.status_file, decision_dir=a.decision_dir,
+                       progress_file=a.progress_file, metrics_port=a.metrics_port,
                        metrics_addr=a.metrics_addr, port_file=a.port_file, log_dir=a.log_dir,
                        gpu_type=a.gpu_type)
     try:

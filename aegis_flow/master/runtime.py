@@ -55,6 +55,11 @@ class MasterConfig:
     l3_after: int = MASTER.l3_after  # escalation: node quarantine from this many failures
     save_retries: int = 5  # a failed status save is retried this often before degrading
     status_file: str = ""  # also write the final status document here (local mode)
+    # Argo: write the decision (``phases.ending``: verdict, quarantined, message) into this
+    # directory for the master step's output parameters, and exit 0 once the job has ended
+    # whatever the ending, so the branches read the outputs of a step that succeeded
+    decision_dir: str = ""
+    progress_file: str = ""  # Argo's self-reported progress: "restarts used/max-retry"
     slow_fraction: float = 0.5  # a rank below this share of its peers' median is slow
     # observability (observer.py, http.py): None = no HTTP endpoint, 0 = a free port
     metrics_port: int | None = None
@@ -170,6 +175,18 @@ class Master:
             self.revision = await self.store.save(raw, rev)
         self._unconfirmed.clear()
         self._stats_saved = dict(self.stats)
+        self._write_progress()
+
+    def _write_progress(self) -> None:
+        """Argo's self-reported progress of the master step (``ARGO_PROGRESS_FILE``): the
+        restarts used of max-retry, so the UI shows "2/3" on the master while it recovers."""
+        if not self.cfg.progress_file or self.status.max_retry < 1:
+            return
+        used = min(self.status.recover_count, self.status.max_retry)
+        with contextlib.suppress(OSError):
+            with open(self.cfg.progress_file + ".tmp", "w") as fh:
+                fh.write(f"{used}/{self.status.max_retry}\n")
+            os.replace(self.cfg.progress_file + ".tmp", self.cfg.progress_file)
 
     async def _save(self) -> bool:
         """Store the status, retrying a failing store; False if it stays gone (degraded)."""
@@ -473,7 +490,8 @@ class Master:
 
     async def run(self) -> int:
         """Serve until the job ends: 0 succeeded, 1 failed, 2 conflict, 3 independent,
-        4 NATS unreachable."""
+        4 NATS unreachable, 5 stored status damaged. With ``decision_dir`` every ending of
+        the job is 0 (the decision is in the files); the others stay."""
         import nats
 
         http = self._serve_http()
@@ -491,6 +509,7 @@ class Master:
             if self.store is None:
                 self.store = await KVStore.open(self.nc, self.subjects.kv_bucket)
             await self._load()
+            self._write_progress()
             if self.cfg.resumed:  # the core ignores it for a job not yet started or ended
                 await self.apply(m.Resume())
             if self.security is not None:
@@ -539,8 +558,23 @@ class Master:
             os.replace(tmp, self.cfg.status_file)
         if self.stopped_by and not self.status.phase.terminal:
             return 143 if self.stopped_by == "SIGTERM" else 130
+        if self.cfg.decision_dir and self.status.phase.terminal:
+            self._write_decision(final)
+            return 0
         return {m.Phase.SUCCEED: 0, m.Phase.FAILED: 1, m.Phase.INDEPENDENT: 3}.get(
             self.status.phase, 1)
+
+    def _write_decision(self, final: str) -> None:
+        """The decision as files, one per output parameter (``phases.Ending.outputs``)."""
+        from aegis_flow.phases import ending
+
+        os.makedirs(self.cfg.decision_dir, exist_ok=True)
+        for name, value in ending(self.status, final).outputs().items():
+            path = os.path.join(self.cfg.decision_dir, name)
+            with open(path + ".tmp", "w") as fh:
+                fh.write(value)
+            os.replace(path + ".tmp", path)
+        log.info("decision written to %s", self.cfg.decision_dir)
 
     def request_stop(self, by: str) -> None:
         """A signal: leave the loop and write the ending (summary, fault log, status file)

@@ -40,6 +40,11 @@ AUTH_VOLUME, AUTH_DIR = "auth", "/var/run/aegis/auth"
 TLS_CERT_KEY, TLS_KEY_KEY, TLS_CA_KEY = "tls.crt", "tls.key", "ca.crt"
 GRPC_TLS_VOLUME, GRPC_TLS_DIR = "grpc-tls", "/var/run/aegis/grpc-tls"
 GRPC_CLIENT_VOLUME, GRPC_CLIENT_DIR = "grpc-tls-client", "/var/run/aegis/grpc-tls-client"
+# Secret files are root-owned: 0440 lets the aegis image's non-root user (group 0, see the
+# Dockerfile) read them, and an fsGroup, where a cluster sets one, too. Only containers of the
+# aegis image mount these volumes, never the one that runs user code.
+SECRET_MODE = 0o440
+INIT_DEADLINE = 10  # seconds per SyncWorkerCreds attempt of worker-init (plus <= 4 s backoff)
 
 
 def shared_volume() -> m.Volume:
@@ -67,6 +72,10 @@ def worker_init(spec: JobSpec, *, master_addr: str, rank: str) -> UserContainer:
         args=["--master", master_addr, "--job", "{{workflow.name}}",
               "--namespace", spec.namespace, "--worker", rank,
               "--token-file", f"{TOKEN_DIR}/{TOKEN_KEY}", "--out", CREDS,
+              # keep trying for as long as the master waits for the ranks (its connect
+              # timeout): it may still be scheduling, or be a recreated pod coming back
+              "--deadline", str(INIT_DEADLINE),
+              "--retries", str(-(-spec.connect_timeout // (INIT_DEADLINE + 4))),
               *worker_tls_args(spec)],
         volume_mounts=[shared_mount(),
                        m.VolumeMount(name=TOKEN_VOLUME, mount_path=TOKEN_DIR, read_only=True),
@@ -76,7 +85,7 @@ def worker_init(spec: JobSpec, *, master_addr: str, rank: str) -> UserContainer:
 
 def token_volume(spec: JobSpec) -> m.Volume:
     return m.Volume(name=TOKEN_VOLUME, secret=m.SecretVolumeSource(
-        secret_name=spec.bootstrap_secret, default_mode=0o400,
+        secret_name=spec.bootstrap_secret, default_mode=SECRET_MODE,
         items=[m.KeyToPath(key=TOKEN_KEY, path=TOKEN_KEY)]))
 
 
@@ -88,7 +97,7 @@ def bootstrap_token_env(spec: JobSpec) -> SecretEnv:
 
 def auth_volumes(spec: JobSpec) -> list[m.Volume]:
     return [m.Volume(name=AUTH_SECRET_VOLUME, secret=m.SecretVolumeSource(
-                secret_name=spec.auth_secret, default_mode=0o400)),
+                secret_name=spec.auth_secret, default_mode=SECRET_MODE)),
             m.Volume(name=AUTH_VOLUME, empty_dir=m.EmptyDirVolumeSource())]
 
 
@@ -109,7 +118,8 @@ def copy_auth(spec: JobSpec) -> UserContainer:
 
 def _secret_volume(name: str, secret: str, keys: tuple[str, ...]) -> m.Volume:
     return m.Volume(name=name, secret=m.SecretVolumeSource(
-        secret_name=secret, default_mode=0o400, items=[m.KeyToPath(key=k, path=k) for k in keys]))
+        secret_name=secret, default_mode=SECRET_MODE,
+        items=[m.KeyToPath(key=k, path=k) for k in keys]))
 
 
 def master_tls_args(spec: JobSpec) -> list[str]:

@@ -1,12 +1,13 @@
-"""The recovery phases: quarantine (label and taint a node), resume (the recursive attempt step),
-give-up (end a failed attempt visibly) and report (onExit).
+"""The branches after the master's decision: quarantine (label and taint a node the master
+quarantined: idempotent, and recorded on the step), give-up (end the workflow Failed with the
+master's message) and report (onExit).
 
 PURE: returns Hera templates and steps; nothing is submitted.
 """
 
 from __future__ import annotations
 
-from hera.workflows import Container, Env, Parameter, RetryStrategy, Script, Step
+from hera.workflows import Container, Env, Parameter, RetryStrategy, Script
 from hera.workflows import models as m
 
 from aegis_flow.jobspec import JobSpec
@@ -33,35 +34,23 @@ def quarantine_template(spec: JobSpec) -> Container:
         retry_strategy=RetryStrategy(limit="2", retry_policy="OnFailure",
                                      backoff=m.Backoff(duration="5s", factor=m.IntOrString("2"))),
         resources=m.ResourceRequirements(requests={"cpu": "100m", "memory": "128Mi"}),  # type: ignore[dict-item]
+        tolerations=c.tolerations(spec), node_selector=spec.node_selector or None,
     )
 
 
-def resume_step() -> Step:
-    """``attempt`` again with attempt+1 and the grown exclusion list (its ``when`` guard —
-    escalate and ``attempt < max-retry``, the recursion guard — comes from the phase graph)."""
-    return Step(
-        name="resume",
-        template=c.ATTEMPT,
-        arguments=[
-            Parameter(name="attempt", value="{{steps.verdict.outputs.parameters.next-attempt}}"),
-            Parameter(name="excluded-nodes",
-                      value="{{steps.verdict.outputs.parameters.excluded-nodes}}"),
-            Parameter(name="pod-spec-patch",
-                      value="{{steps.verdict.outputs.parameters.pod-spec-patch}}"),
-            Parameter(name="nats-url", value=c.inp("nats-url")),
-            Parameter(name="master-addr", value=c.inp("master-addr")),
-        ])
+GIVE_UP_SOURCE = (
+    "import sys; verdict, message = sys.argv[1:3]; "
+    "sys.exit(f'aegis-flow: the job ended {verdict}: {message}')")
 
 
 def give_up_template(spec: JobSpec) -> Container:
-    """Fail the attempt with a message naming the verdict (so the workflow shows Failed)."""
+    """End the workflow Failed, saying why: the master's verdict and one-line message."""
     return Container(
         name=c.GIVE_UP, image=spec.aegis_image,
-        command=["python", "-c",
-                 "import sys; sys.exit('aegis-flow: the job ended ' + sys.argv[1] + "
-                 "' after attempt ' + sys.argv[2])",
-                 c.inp("verdict"), c.inp("attempt")],
-        inputs=c.params("verdict", "attempt"))
+        command=["python", "-c", GIVE_UP_SOURCE, c.inp("verdict"), c.inp("message")],
+        inputs=c.params("verdict", "message"),
+        resources=m.ResourceRequirements(requests={"cpu": "50m", "memory": "32Mi"}),  # type: ignore[dict-item]
+        tolerations=c.tolerations(spec), node_selector=spec.node_selector or None)
 
 
 REPORT_SOURCE = '''
@@ -79,4 +68,5 @@ def report_template(spec: JobSpec) -> Script:
         env=[Env(name="WORKFLOW", value="{{workflow.name}}"),
              Env(name="STATUS", value="{{workflow.status}}"),
              Env(name="DURATION", value="{{workflow.duration}}"),
-             Env(name="FAILURES", value="{{workflow.failures}}")])
+             Env(name="FAILURES", value="{{workflow.failures}}")],
+        tolerations=c.tolerations(spec), node_selector=spec.node_selector or None)
