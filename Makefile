@@ -6,13 +6,13 @@ BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast verify lint typecheck tlc bench clean proto
+.PHONY: demo test test-fast verify lint typecheck tlc bench clean proto image
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)"
-	$(BIN)/pip install -q -e ".[dev,torch,k8s,report]" "$(TORCH_PIN)"
+	$(BIN)/pip install -q -e ".[dev,torch,k8s,report,gpu]" "$(TORCH_PIN)"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -44,6 +44,19 @@ bench: $(STAMP)
 
 proto: $(STAMP)  # regenerate aegis_flow/rpc/aegis_pb2*.py from proto/aegis.proto (committed)
 	$(BIN)/python -m aegis_flow.rpc.generate
+
+# the aegis image (Dockerfile; README "Building the aegis image"), tagged with pyproject's
+# version: the tag the rendered workflows use (jobspec.DEFAULT_AEGIS_IMAGE). DOCKER=podman works.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml | head -n 1)
+AEGIS_IMAGE ?= ghcr.io/aegis-flow/aegis-flow:$(VERSION)
+DOCKER ?= docker
+
+image:
+	@command -v $(DOCKER) >/dev/null 2>&1 || { echo "make image: '$(DOCKER)' is not installed:" \
+	  "install Docker (or set DOCKER=podman) to build $(AEGIS_IMAGE) from the Dockerfile" >&2; exit 1; }
+	@$(DOCKER) info >/dev/null 2>&1 || { echo "make image: '$(DOCKER) info' failed: no Docker" \
+	  "daemon to build $(AEGIS_IMAGE) with (start it, or build on a machine that has one)" >&2; exit 1; }
+	$(DOCKER) build -t $(AEGIS_IMAGE) .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache build *.egg-info

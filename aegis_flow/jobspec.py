@@ -115,6 +115,11 @@ class JobSpec(BaseModel):
     # pod-sized timeouts (seconds): the master and the ranks' pods are created together, so
     # the connect timeout counts from when the run pods exist; both cover scheduling, an
     # image pull and the init containers (with gang scheduling, the wait for the whole gang)
+    # the checkpoint directory every rank shares (a ReadWriteMany PersistentVolumeClaim):
+    # mounted at checkpoint_dir in every worker pod, named in $AEGIS_CHECKPOINT_DIR, and where
+    # the io check writes; a rank moved to another node resumes from the same checkpoint
+    checkpoint_claim: str = ""
+    checkpoint_dir: str = "/checkpoints"
     connect_timeout: int = 900  # every rank acks within this, or the ranks run on their own
     replace_timeout: int = 900  # a replaced rank is back within this, or the job stops
     # zero intrusion: an init container copies the supervisor bundle into the pod and the
@@ -236,6 +241,13 @@ class JobSpec(BaseModel):
     def _limits(cls, v: int) -> int:
         if not 0 <= v <= 100:
             raise ValueError(f"retry limit ({v}) must be between 0 and 100")
+        return v
+
+    @field_validator("checkpoint_dir")
+    @classmethod
+    def _abs_dir(cls, v: str) -> str:
+        if not v.startswith("/") or any(c.isspace() for c in v):
+            raise ValueError(f"checkpoint_dir {v!r} must be an absolute path in the pod")
         return v
 
     @field_validator("connect_timeout", "replace_timeout")

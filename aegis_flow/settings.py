@@ -416,6 +416,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "CHECK=SECONDS,... budget overrides", "`aegis-flow run --check-budget`"),
     EnvVar("AEGIS_EXPECT_GPUS", parse_int, "the gpu check (steps/gpu.py)",
            "GPUs this node must have (unset: any)"),
+    EnvVar("AEGIS_CHECKPOINT_DIR", parse_str, "the training script (examples/train_ddp.py)",
+           "the checkpoint directory every rank shares",
+           "the worker template (JobSpec.checkpoint_dir, with checkpoint_claim)"),
     # the master and worker-init
     EnvVar("AEGIS_POD_NAME", parse_str, "master (fault log)", "the master's pod name",
            "nothing yet (templates/master.py sets POD_IP)"),

@@ -4,6 +4,7 @@ checks catch each planted error."""
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 def test_install_renders_rbac_checks_and_nats_that_validate() -> None:
     assert [d["kind"] for d in DOCS] == [
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "ServiceAccount",
-        "RoleBinding", "WorkflowTemplate", "Service", "StatefulSet"]
+        "RoleBinding", "Role", "RoleBinding", "WorkflowTemplate", "Service", "StatefulSet"]
     assert check_documents(DOCS) == []  # Argo schema + lint, and the structural checks
     rules = {(tuple(r["resources"]), tuple(r["verbs"])) for r in by_kind(DOCS, "ClusterRole")[
         "rules"]}
@@ -40,8 +41,87 @@ def test_install_renders_rbac_checks_and_nats_that_validate() -> None:
                                 "namespace": "ml"}]  # only this account may patch nodes (W2)
     assert [s["name"] for s in by_kind(DOCS, "RoleBinding")["subjects"]] == [
         "aegis-flow", "aegis-flow-executor"]  # both run Argo's executor
+    executor_role = by_kind(DOCS, "Role")  # Argo's executor: nothing else (W2)
+    assert executor_role["rules"] == [{"apiGroups": ["argoproj.io"],
+                                       "resources": ["workflowtaskresults"],
+                                       "verbs": ["create", "patch"]}]
     assert by_kind(DOCS, "WorkflowTemplate")["metadata"]["name"] == "aegis-checks"
     assert [d["kind"] for d in manifests(InstallOptions(nats=False))][-1] == "WorkflowTemplate"
+
+
+def named(kind: str, name: str) -> dict[str, Any]:
+    return next(d for d in DOCS if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def test_the_master_role_creates_services_and_is_bound_to_the_node_account_only() -> None:
+    role = named("Role", "aegis-flow-master")
+    assert role["metadata"]["namespace"] == "ml"
+    assert {(tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]} == {
+        (("services",), ("create", "get", "delete")), (("pods",), ("get", "list"))}
+    binding = named("RoleBinding", "aegis-flow-master")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "aegis-flow-master"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "aegis-flow",
+                                    "namespace": "ml"}]
+    # the executor account (the user's code) gets no rule beyond Argo's executor Role
+    executor_roles = {d["roleRef"]["name"] for d in DOCS if d["kind"].endswith("Binding")
+                      and any(s["name"] == "aegis-flow-executor" for s in d["subjects"])}
+    assert executor_roles == {"aegis-flow-executor"}
+    custom = manifests(InstallOptions(namespace="ml", service_account="boss"))
+    assert [d["metadata"]["name"] for d in custom if d["kind"] == "Role"] == [
+        "boss-executor", "boss-master"]
+    assert check_documents(custom) == []
+
+
+def test_install_prints_the_commands_that_create_the_secrets(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["install", "--namespace", "ml", "-o", str(tmp_path / "a.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert "aegis-flow nats-bootstrap aegis-auth" in err
+    assert ("kubectl -n ml create secret generic aegis-auth --from-file=aegis-auth/nats.conf "
+            "--from-file=aegis-auth/public.json") in err
+    assert "kubectl -n ml create secret generic aegis-bootstrap --from-literal=token=" in err
+    assert "Secret" not in {d["kind"] for d in yaml.safe_load_all(
+        (tmp_path / "a.yaml").read_text())}
+
+
+def test_install_create_secrets_renders_both_secrets_from_fresh_keys(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import base64
+
+    from aegis_flow.k8s.api import FakeNodeApi
+    from aegis_flow.k8s.preflight import AUTH_KEYS, missing, needs
+    from aegis_flow.security.operator import load
+
+    out, keys = tmp_path / "aegis.yaml", tmp_path / "auth"
+    assert main(["install", "--namespace", "ml", "--create-secrets", str(keys),
+                 "-o", str(out)]) == 0
+    assert "mode 0600" in capsys.readouterr().err
+    assert out.stat().st_mode & 0o777 == 0o600  # it holds keys
+    docs = list(yaml.safe_load_all(out.read_text()))
+    assert main(["lint", str(out)]) == 0
+    auth = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "aegis-auth")
+    boot = next(d for d in docs if d["kind"] == "Secret"
+                and d["metadata"]["name"] == "aegis-bootstrap")
+    assert set(auth["data"]) == set(AUTH_KEYS)  # the master's files, no offline seed
+    assert not {"operator.seed", "account.seed", "system.seed"} & set(auth["data"])
+    token = base64.b64decode(boot["data"]["token"]).decode().strip()
+    assert len(token) >= 32
+    public = json.loads(base64.b64decode(auth["data"]["public.json"]))
+    assert public["operator"] == load(keys).keys.operator
+    # a second install keeps the keys and the token (jobs already running keep working)
+    assert main(["install", "--namespace", "ml", "--create-secrets", str(keys),
+                 "-o", str(out)]) == 0
+    again = list(yaml.safe_load_all(out.read_text()))
+    assert next(d for d in again if d["metadata"]["name"] == "aegis-bootstrap") == boot
+    # and what it renders satisfies submit's check of a rendered workflow
+    cluster = FakeNodeApi(secrets={("ml", d["metadata"]["name"]): d["data"] for d in docs
+                                   if d["kind"] == "Secret"},
+                          service_accounts=[("ml", d["metadata"]["name"]) for d in docs
+                                            if d["kind"] == "ServiceAccount"])
+    wf = render(JobSpec(image="IMG", command=("python", "t.py"), namespace="ml",
+                        nats_url=OPTS.nats_url))
+    assert missing(cluster, "ml", needs(wf)) == []
 
 
 def test_jobs_in_cluster_mode_reach_the_installed_nats() -> None:

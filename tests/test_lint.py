@@ -49,27 +49,28 @@ def test_the_good_documents_are_clean() -> None:
 PLANTS: list[tuple[str, Callable[[Doc], None]]] = [
     ("entrypoint", lambda d: d["spec"].update(entrypoint="mian")),
     ("entrypoint", lambda d: d["spec"].update(onExit="reprot")),
-    ("template-ref", lambda d: step(d, "attempt", "run").update(template="wroker")),
+    ("template-ref", lambda d: step(d, "main", "run").update(template="wroker")),
     ("input-param", lambda d: tmpl(d, "worker")["container"]["command"].append(
         "{{inputs.parameters.rnak}}")),
     ("input-param", lambda d: tmpl(d, "worker")["container"]["command"].append(
         "{{= inputs.parameters['nats-ulr'] }}")),
     ("workflow-param", lambda d: tmpl(d, "master")["container"]["args"].append(
         "{{workflow.parameters.max-retries}}")),
-    ("step-ref", lambda d: step(d, "attempt", "resume").update(
-        when="'{{steps.verdcit.outputs.parameters.verdict}}' == 'retry'")),
-    ("step-ref", lambda d: step(d, "attempt", "verdict")["arguments"]["parameters"][0].update(
-        value="{{tasks.run.outputs.parameters}}")),
-    ("output-param", lambda d: step(d, "attempt", "resume")["arguments"]["parameters"][0]
-        .update(value="{{steps.verdict.outputs.parameters.next}}")),
-    ("loop-item", lambda d: step(d, "attempt", "verdict")["arguments"]["parameters"][1]
+    ("step-ref", lambda d: step(d, "main", "give-up").update(
+        when="'{{steps.mastr.outputs.parameters.verdict}}' == 'failed'")),
+    ("step-ref", lambda d: step(d, "main", "give-up")["arguments"]["parameters"][0].update(
+        value="{{tasks.master.outputs.parameters.verdict}}")),
+    ("output-param", lambda d: step(d, "main", "give-up")["arguments"]["parameters"][0]
+        .update(value="{{steps.master.outputs.parameters.verdikt}}")),
+    ("loop-item", lambda d: step(d, "main", "give-up")["arguments"]["parameters"][1]
         .update(value="{{item}}")),
     ("name", lambda d: d["spec"]["templates"].append({"name": "Extra_Step", "suspend": {}})),
-    ("name", lambda d: step(d, "attempt", "give-up").update(name="give.up")),
+    ("name", lambda d: step(d, "main", "give-up").update(name="give.up")),
     ("unique", lambda d: d["spec"]["templates"].append(copy.deepcopy(tmpl(d, "report")))),
-    ("unique", lambda d: step(d, "attempt", "give-up").update(name="resume")),
+    ("unique", lambda d: step(d, "main", "give-up").update(name="quarantine")),
     ("unique", lambda d: tmpl(d, "worker")["inputs"]["parameters"].append({"name": "rank"})),
-    ("recursion", lambda d: step(d, "attempt", "resume").pop("when")),
+    ("recursion", lambda d: d["spec"]["templates"][0]["steps"].append(
+        [{"name": "again", "template": "main"}])),
 ]
 
 

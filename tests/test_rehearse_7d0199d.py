@@ -111,18 +111,14 @@ def test_b6_the_verdict_cannot_start_past_the_env_limit() -> None:
     assert r.phase == "Failed"
 
 
-@pytest.mark.parametrize("workflow, meets", [
-    (FIXTURE, False),  # 7d0199d: MASTER_ADDR=127.0.0.1 for every rank
-    (HERE.parent / "workflows" / "training.yaml", True),  # now: rank 0's pod address
-])
-def test_b2_ranks_in_different_pods_rendezvous_only_at_rank0s_address(
-        tmp_path: Path, workflow: Path, meets: bool) -> None:
+def test_b2_ranks_in_different_pods_never_meet_at_loopback(tmp_path: Path) -> None:
     """B2 with the real stack (master + NATS sidecar, worker-init, supervisor, train_ddp.py).
     7d0199d: the master sends every rank MASTER_ADDR=127.0.0.1; in its own pod each rank dials
-    itself, so after every check passed no rank ever joins the process group. Now
-    (``--rendezvous-addr rank0``): every rank is sent rank 0's pod address and all 4 join.
-    (The bootcheck's collective health check meets at the same address: its budget is 10 s
-    here, so the old workflow gets past it.)"""
+    itself, so after every check passed no rank ever joins the process group. (The bootcheck's
+    collective health check meets at the same address: its budget is 10 s here, so the old
+    workflow gets past it.) The current workflow (``--rendezvous-addr rank0``) trains to the
+    end in every scenario of tests/test_argo_scenarios.py."""
+    workflow, meets = FIXTURE, False
     from aegis_flow.security.cli import MASTER_FILES
     from aegis_flow.security.operator import bootstrap
 
@@ -176,12 +172,10 @@ def test_b2_ranks_in_different_pods_rendezvous_only_at_rank0s_address(
         assert joined == set()
 
 
-@pytest.mark.parametrize("workflow, patched", [
-    (FIXTURE, True),  # 7d0199d: one service account, with node rights, for every pod
-    (HERE.parent / "workflows" / "training.yaml", False),  # now: the executor account
-])
-def test_w2_a_worker_pod_can_patch_nodes_only_on_the_old_workflow(workflow: Path,
-                                                                   patched: bool) -> None:
+def test_w2_a_worker_pod_can_patch_any_node_on_the_old_workflow() -> None:
+    """7d0199d: one service account, with node rights, for every pod. (The current workflow:
+    tests/test_argo_scenarios.py, the worker's account is refused.)"""
+    workflow, patched = FIXTURE, True
     r = rehearse(load_workflow(str(workflow)),
                  scenario=scenario.load(str(SCENARIOS / "w2-worker-patches-a-node.yaml")))
     assert r.phase == "Succeeded", r.status.get("message")

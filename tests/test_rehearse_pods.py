@@ -156,10 +156,10 @@ def test_a_pod_without_rights_cannot_patch_nodes() -> None:
 
 
 def test_unsupported_fields_are_refused_not_ignored(tmp_path: Path) -> None:
-    dag = wf([{"name": "main", "dag": {"tasks": []}}])
+    suspend = wf([{"name": "main", "suspend": {}}])
     path = tmp_path / "wf.yaml"
-    path.write_text(yaml.safe_dump(dag))
-    with pytest.raises(RehearseError, match="dag is not supported"):
+    path.write_text(yaml.safe_dump(suspend))
+    with pytest.raises(RehearseError, match="suspend is not supported"):
         load_workflow(str(path))
     odd = wf([{**sh("main", "true"), "memoize": {"key": "k"}}])
     path.write_text(yaml.safe_dump(odd))

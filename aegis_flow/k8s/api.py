@@ -1,14 +1,16 @@
-"""The one interface to the cluster that quarantine needs, and an in-memory fake of it.
+"""The interfaces to the cluster that quarantine and ``submit`` need, and an in-memory fake.
 
-``NodeApi`` is what ``aegis-flow nodes`` and the quarantine step call; ``client.KubeNodeApi``
-implements it with the ``kubernetes`` package, ``FakeNodeApi`` in memory (for tests and for
-trying the CLI without a cluster). The fake has no side effects outside itself.
+``NodeApi`` is what ``aegis-flow nodes`` and the quarantine step call; ``ObjectApi`` is what
+``submit`` reads to check that a workflow's Secrets and service accounts exist (only the key
+names of a Secret, never its values). ``client.KubeNodeApi`` implements both with the
+``kubernetes`` package, ``FakeNodeApi`` in memory (for tests and for trying the CLI without a
+cluster). The fake has no side effects outside itself.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from aegis_flow.k8s.nodes import NodeInfo, merge_patch
@@ -30,6 +32,24 @@ class NodeNotFound(NodeApiError):
         self.name = name
 
 
+class ObjectNotFound(NodeApiError):
+    """A namespaced object (``Secret``, ``ServiceAccount``) is not there."""
+
+    def __init__(self, kind: str, namespace: str, name: str) -> None:
+        super().__init__(f"{kind} {name!r} not found in namespace {namespace!r}", status=404)
+        self.kind, self.namespace, self.name = kind, namespace, name
+
+
+class ObjectApi(Protocol):
+    def secret_keys(self, namespace: str, name: str) -> frozenset[str]:
+        """The key names of the Secret (``ObjectNotFound`` if there is none)."""
+        ...
+
+    def get_service_account(self, namespace: str, name: str) -> dict[str, Any]:
+        """The ServiceAccount as a dict (``ObjectNotFound`` if there is none)."""
+        ...
+
+
 class NodeApi(Protocol):
     def list_nodes(self, label_selector: str | None = None) -> list[NodeInfo]: ...
 
@@ -43,10 +63,25 @@ class NodeApi(Protocol):
 class FakeNodeApi:
     """Nodes as plain API-shaped dicts; patches applied as JSON merge patches."""
 
-    def __init__(self, nodes: Iterable[dict[str, Any]] = ()) -> None:
+    def __init__(self, nodes: Iterable[dict[str, Any]] = (), *,
+                 secrets: Mapping[tuple[str, str], Iterable[str]] | None = None,
+                 service_accounts: Iterable[tuple[str, str]] = ()) -> None:
         self.nodes: dict[str, dict[str, Any]] = {n["metadata"]["name"]: copy.deepcopy(n)
                                                  for n in nodes}
         self.patches: list[tuple[str, dict[str, Any]]] = []
+        # (namespace, name) -> the Secret's key names; (namespace, name) of each account
+        self.secrets = {k: frozenset(v) for k, v in (secrets or {}).items()}
+        self.service_accounts = set(service_accounts)
+
+    def secret_keys(self, namespace: str, name: str) -> frozenset[str]:
+        if (namespace, name) not in self.secrets:
+            raise ObjectNotFound("Secret", namespace, name)
+        return self.secrets[(namespace, name)]
+
+    def get_service_account(self, namespace: str, name: str) -> dict[str, Any]:
+        if (namespace, name) not in self.service_accounts:
+            raise ObjectNotFound("ServiceAccount", namespace, name)
+        return {"metadata": {"name": name, "namespace": namespace}}
 
     @staticmethod
     def node(name: str, *, labels: dict[str, str] | None = None,

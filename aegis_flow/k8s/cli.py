@@ -51,9 +51,10 @@ def add_parsers(sub: Any) -> None:
     i = sub.add_parser(
         "install", help="render the cluster-side manifests (RBAC, aegis-checks, NATS)",
         description="Render, validate and print what a namespace needs before jobs run: the "
-        "service account and RBAC (nodes get/list/patch for quarantine, pods get/list, Argo's "
-        "workflowtaskresults), the aegis-checks WorkflowTemplate, and a NATS server for "
-        "cluster mode (JetStream on a volume claim, operator mode from the auth Secret). "
+        "service accounts and RBAC (nodes get/list/patch for quarantine, pods get/list, the "
+        "master's Service, Argo's workflowtaskresults), the aegis-checks WorkflowTemplate, a "
+        "NATS server for cluster mode (JetStream on a volume claim, operator mode from the auth "
+        "Secret) and, with --create-secrets, the auth and bootstrap Secrets. "
         "Apply with: aegis-flow install -o aegis.yaml && kubectl apply -f aegis.yaml")
     i.add_argument("-o", "--output", default="-", help="output file (default: stdout)")
     i.add_argument("--namespace", default="default")
@@ -67,7 +68,15 @@ def add_parsers(sub: Any) -> None:
     i.add_argument("--nats-image", default="nats:2.10-alpine")
     i.add_argument("--nats-storage", default="1Gi", help="JetStream volume size")
     i.add_argument("--auth-secret", default="aegis-auth",
-                   help="Secret with the operator-mode nats.conf (aegis-flow nats-bootstrap)")
+                   help="Secret with the operator-mode nats.conf and the master's keys "
+                   "(aegis-flow nats-bootstrap)")
+    i.add_argument("--bootstrap-secret", default="aegis-bootstrap",
+                   help="Secret with the jobs' bootstrap token (key 'token')")
+    i.add_argument("--create-secrets", type=Path, metavar="DIR",
+                   help="also render both Secrets: the NATS operator keys are made (once; "
+                   "existing ones are kept) in DIR as 'aegis-flow nats-bootstrap DIR' does, the "
+                   "token kept in DIR/bootstrap-token; the offline seeds stay in DIR. Without "
+                   "it, the commands that create the Secrets are printed")
     i.set_defaults(handler=handle_install)
 
 
@@ -132,6 +141,27 @@ def handle_nodes(args: argparse.Namespace) -> int:
     return 1 if any(r.error for r in records) else 0
 
 
+def _secret_docs(opts: Any, directory: Path) -> list[dict[str, Any]]:
+    """Make (once) the NATS operator keys and the bootstrap token in ``directory``; return the
+    two Secret documents with the master's files, ``nats.conf`` and the token."""
+    from aegis_flow.k8s.install import secrets
+    from aegis_flow.k8s.preflight import AUTH_KEYS
+    from aegis_flow.security.operator import AuthDirError, bootstrap
+    from aegis_flow.security.tokens import new_token, read_token, write_token
+
+    try:
+        auth = bootstrap(directory)
+        auth.write_server_config()
+    except AuthDirError as exc:
+        raise ValueError(str(exc)) from None
+    token_file = directory / "bootstrap-token"
+    if not token_file.is_file():
+        write_token(token_file, new_token())
+    token = read_token(path=str(token_file))
+    files = {k: (directory / k).read_text() for k in AUTH_KEYS}
+    return secrets(opts, auth_files=files, token=token)
+
+
 def handle_install(args: argparse.Namespace) -> int:
     import yaml
 
@@ -143,8 +173,16 @@ def handle_install(args: argparse.Namespace) -> int:
                           executor_service_account=args.executor_service_account,
                           aegis_image=args.aegis_image or DEFAULT_AEGIS_IMAGE, nats=args.nats,
                           nats_image=args.nats_image, nats_storage=args.nats_storage,
-                          auth_secret=args.auth_secret)
-    docs = manifests(opts)
+                          auth_secret=args.auth_secret, bootstrap_secret=args.bootstrap_secret)
+    secret_docs = None
+    if args.create_secrets is not None:
+        try:
+            secret_docs = _secret_docs(opts, args.create_secrets)
+        except (OSError, ValueError) as exc:
+            print(f"aegis-flow install: cannot make the Secrets in {args.create_secrets}: {exc}",
+                  file=sys.stderr)
+            return 2
+    docs = manifests(opts, secret_docs=secret_docs)
     problems = check_documents(docs)
     if problems:  # a bad --namespace or --service-account, or a bug in the renderer
         print("aegis-flow install: the manifests are invalid:", *problems, sep="\n  ",
@@ -153,9 +191,25 @@ def handle_install(args: argparse.Namespace) -> int:
     text = yaml.safe_dump_all(docs, sort_keys=False)
     if args.output == "-":
         sys.stdout.write(text)
+    elif secret_docs:  # keys in the file: readable by its owner only
+        fd = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        print(f"wrote {args.output} ({len(docs)} objects, with the Secrets {opts.auth_secret} "
+              f"and {opts.bootstrap_secret}: mode 0600, keep it private)", file=sys.stderr)
     else:
         Path(args.output).write_text(text)
         print(f"wrote {args.output} ({len(docs)} objects)", file=sys.stderr)
+    if not secret_docs:
+        from aegis_flow.k8s.preflight import auth_secret_commands, bootstrap_secret_command
+
+        print(f"not rendered: the Secrets {opts.auth_secret} and {opts.bootstrap_secret}; jobs' "
+              "pods never start without them. Create them once (or install with "
+              "--create-secrets DIR):",
+              *auth_secret_commands(opts.namespace, opts.auth_secret),
+              bootstrap_secret_command(opts.namespace, opts.bootstrap_secret),
+              sep="\n  ", file=sys.stderr)
     if opts.nats:
         print(f"jobs in {opts.namespace}: aegis-flow render --namespace {opts.namespace} "
               f"--nats-url {opts.nats_url} ...", file=sys.stderr)

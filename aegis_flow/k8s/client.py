@@ -1,6 +1,7 @@
-"""``KubeNodeApi``: the ``NodeApi`` Protocol over the ``kubernetes`` client.
+"""``KubeNodeApi``: the ``NodeApi`` and ``ObjectApi`` Protocols over the ``kubernetes`` client.
 
-Side effects: HTTP calls to the Kubernetes API server (nodes get/list/patch). Patches are
+Side effects: HTTP calls to the Kubernetes API server (nodes get/list/patch; Secrets and
+ServiceAccounts get, for ``submit``'s checks — of a Secret only the key names are kept). Patches are
 sent as ``application/merge-patch+json`` (the bodies in ``nodes.py`` are JSON merge patches);
 without that header the client would pick JSON Patch, which takes a list. The ``kubernetes``
 package is imported only here, when a client is made.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aegis_flow.k8s.api import NodeApiError, NodeNotFound
+from aegis_flow.k8s.api import NodeApiError, NodeNotFound, ObjectNotFound
 from aegis_flow.k8s.nodes import NodeInfo
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -57,17 +58,20 @@ class KubeNodeApi:
     def _info(self, node: Any) -> NodeInfo:
         return NodeInfo.from_dict(self.core.api_client.sanitize_for_serialization(node))
 
-    def _call(self, what: str, name: str | None, fn: Any, *args: Any, **kw: Any) -> Any:
+    def _call(self, what: str, name: str | None, fn: Any, *args: Any,
+              _rights: str = "nodes get/list/patch: aegis-flow install",
+              _missing: NodeApiError | None = None, **kw: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
 
         try:
             return fn(*args, **kw)
         except ApiException as exc:
+            if exc.status == 404 and _missing is not None:
+                raise _missing from None
             if exc.status == 404 and name is not None:
                 raise NodeNotFound(name) from None
             retryable = exc.status is None or exc.status >= 500 or exc.status == 429
-            hint = (" (the service account needs nodes get/list/patch: aegis-flow install)"
-                    if exc.status in (401, 403) else "")
+            hint = (f" (the service account needs {_rights})" if exc.status in (401, 403) else "")
             raise NodeApiError(f"{what}: HTTP {exc.status} {exc.reason}{hint}",
                                retryable=retryable, status=exc.status) from None
         except OSError as exc:
@@ -78,7 +82,7 @@ class KubeNodeApi:
             raise
 
     def list_nodes(self, label_selector: str | None = None) -> list[NodeInfo]:
-        kw = {"label_selector": label_selector} if label_selector else {}
+        kw: dict[str, Any] = {"label_selector": label_selector} if label_selector else {}
         got = self._call("list nodes", None, self.core.list_node, **kw)
         return [self._info(n) for n in got.items]
 
@@ -88,3 +92,18 @@ class KubeNodeApi:
     def patch_node(self, name: str, body: dict[str, Any]) -> NodeInfo:
         return self._info(self._call(f"patch node {name}", name, self.core.patch_node, name,
                                      body, _content_type=MERGE_PATCH))
+
+    def secret_keys(self, namespace: str, name: str) -> frozenset[str]:
+        got = self._call(f"get secret {namespace}/{name}", name,
+                         self.core.read_namespaced_secret, name, namespace,
+                         _rights=f"secrets get in {namespace}",
+                         _missing=ObjectNotFound("Secret", namespace, name))
+        return frozenset((got.data or {}).keys()) | frozenset((got.string_data or {}).keys())
+
+    def get_service_account(self, namespace: str, name: str) -> dict[str, Any]:
+        got = self._call(f"get serviceaccount {namespace}/{name}", name,
+                         self.core.read_namespaced_service_account, name, namespace,
+                         _rights=f"serviceaccounts get in {namespace}",
+                         _missing=ObjectNotFound("ServiceAccount", namespace, name))
+        out: dict[str, Any] = self.core.api_client.sanitize_for_serialization(got)
+        return out

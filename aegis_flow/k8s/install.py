@@ -1,21 +1,32 @@
 """``aegis-flow install``: the cluster-side manifests, rendered as plain dicts.
 
-- RBAC: the ``aegis-flow`` ServiceAccount the workflow pods run as; a ClusterRole to get,
-  list and patch nodes (quarantine) and get/list pods; its binding; a Role and binding for
-  Argo's executor (``workflowtaskresults``, which Argo ≥ 3.4 needs to report outputs).
+- RBAC: the ``aegis-flow`` ServiceAccount (the master and the quarantine step only) with a
+  ClusterRole to get, list and patch nodes (quarantine) and get/list pods, and a namespaced
+  Role ``aegis-flow-master`` (services create/get/delete: the master's per-workflow Service;
+  pods get/list); the ``aegis-flow-executor`` ServiceAccount every other pod runs as (the
+  user's code: no node rights); a Role and binding for Argo's executor, for both accounts
+  (``workflowtaskresults`` create/patch, which Argo ≥ 3.4 needs to report outputs, and
+  nothing else).
 - The ``aegis-checks`` WorkflowTemplate (reusable check steps, for ``templateRef``).
 - Cluster-mode NATS (optional): a one-replica StatefulSet with JetStream on a volume claim
   (the masters' stored status survives a NATS restart) in operator mode, its config read
   from the ``aegis-auth`` Secret (``aegis-flow nats-bootstrap`` writes it), and a Service.
   Jobs then render with ``--nats-url nats://aegis-nats.<namespace>:4222``.
+- The Secrets (``--create-secrets``): ``aegis-auth`` (``nats.conf`` and the master's share of
+  the operator keys) and ``aegis-bootstrap`` (key ``token``), from key material the caller
+  generated (``secrets``); without them the pods that mount them never start.
 
 PURE: returns dicts; ``validate.py`` checks them and the CLI prints them.
 """
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from aegis_flow.jobspec import DEFAULT_AEGIS_IMAGE
 
 RBAC = "rbac.authorization.k8s.io"
 NATS_NAME = "aegis-nats"
@@ -28,11 +39,12 @@ class InstallOptions:
     namespace: str = "default"
     service_account: str = "aegis-flow"
     executor_service_account: str = "aegis-flow-executor"
-    aegis_image: str = "ghcr.io/aegis-flow/aegis-flow:0.1.0"
+    aegis_image: str = DEFAULT_AEGIS_IMAGE
     nats: bool = True
     nats_image: str = "nats:2.10-alpine"
     nats_storage: str = "1Gi"
     auth_secret: str = "aegis-auth"
+    bootstrap_secret: str = "aegis-bootstrap"
 
     @property
     def nats_url(self) -> str:
@@ -49,6 +61,7 @@ def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
 
 def rbac(o: InstallOptions) -> list[dict[str, Any]]:
     cluster_role = f"{o.service_account}-nodes"
+    master_role = f"{o.service_account}-master"
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount",
          "metadata": _meta(o.service_account, o.namespace)},
@@ -72,6 +85,17 @@ def rbac(o: InstallOptions) -> list[dict[str, Any]]:
          "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": f"{o.service_account}-executor"},
          "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": o.namespace}
                       for sa in (o.service_account, o.executor_service_account)]},
+        # the master's step: a per-workflow Service in front of the master pod; pods in its
+        # own namespace. Bound to the node-patching account only, never to the executor's.
+        {"apiVersion": f"{RBAC}/v1", "kind": "Role", "metadata": _meta(master_role, o.namespace),
+         "rules": [{"apiGroups": [""], "resources": ["services"],
+                    "verbs": ["create", "get", "delete"]},
+                   {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]},
+        {"apiVersion": f"{RBAC}/v1", "kind": "RoleBinding",
+         "metadata": _meta(master_role, o.namespace),
+         "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": master_role},
+         "subjects": [{"kind": "ServiceAccount", "name": o.service_account,
+                       "namespace": o.namespace}]},
     ]
 
 
@@ -108,10 +132,29 @@ def nats(o: InstallOptions) -> list[dict[str, Any]]:
     ]
 
 
-def manifests(o: InstallOptions) -> list[dict[str, Any]]:
-    """Everything ``install`` renders, in apply order."""
+def secrets(o: InstallOptions, *, auth_files: Mapping[str, str], token: str
+            ) -> list[dict[str, Any]]:
+    """The ``aegis-auth`` Secret (``auth_files``: file name -> text, the master's files and
+    ``nats.conf``) and the ``aegis-bootstrap`` Secret (key ``token``). Opaque, ``data``
+    base64-encoded as the API server stores it."""
+    def b64(text: str) -> str:
+        return base64.b64encode(text.encode()).decode()
+
+    return [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": _meta(o.auth_secret, o.namespace),
+         "type": "Opaque", "data": {k: b64(v) for k, v in sorted(auth_files.items())}},
+        {"apiVersion": "v1", "kind": "Secret",
+         "metadata": _meta(o.bootstrap_secret, o.namespace),
+         "type": "Opaque", "data": {"token": b64(token)}},
+    ]
+
+
+def manifests(o: InstallOptions, *, secret_docs: list[dict[str, Any]] | None = None
+              ) -> list[dict[str, Any]]:
+    """Everything ``install`` renders, in apply order (the Secrets, when given, first: the
+    NATS StatefulSet mounts ``aegis-auth``)."""
     from aegis_flow.workflow import build_checks_template
 
     checks: dict[str, Any] = build_checks_template(image=o.aegis_image,
                                                    namespace=o.namespace).to_dict()
-    return [*rbac(o), checks, *(nats(o) if o.nats else [])]
+    return [*(secret_docs or []), *rbac(o), checks, *(nats(o) if o.nats else [])]

@@ -109,6 +109,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--namespace", type=job_name, default="default")
     s.add_argument("--state-dir", type=Path, default=Path(".aegis"))
     s.add_argument("--nats-url", help="NATS server (default: the one recorded in --state-dir)")
+    s.add_argument("--auth-dir", type=Path,
+                   help="with --nats-url in operator mode (a cluster job): the aegis-auth "
+                   "Secret's files; a short-lived user is minted with its signing key")
     s.add_argument("--json", action="store_true", help="print the stored status as JSON")
     s.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
                    help="redraw every SECONDS (default 2) until the job ends")
@@ -119,6 +122,10 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("--namespace", type=job_name, default="default")
     t.add_argument("--state-dir", type=Path, default=Path(".aegis"))
     t.add_argument("--nats-url")
+    t.add_argument("--auth-dir", type=Path,
+                   help="with --nats-url in operator mode (a cluster job): the aegis-auth "
+                   "Secret's files (aegis-flow nats-bootstrap DIR); a short-lived user is "
+                   "minted with its account signing key")
     t.add_argument("--reason", default="stopped by an operator")
     t.set_defaults(handler=_stop)
 
@@ -217,10 +224,17 @@ def _url(a: argparse.Namespace) -> str | None:
 def _auth_options(a: argparse.Namespace, subjects: p.Subjects) -> dict[str, Any]:
     """Credentials for status/stop when the local job runs NATS in operator mode: a short-lived
     user minted with the job's account signing key from the state dir (none otherwise)."""
-    if a.nats_url:
-        return {}
     from aegis_flow.local.runs import job_user_options
 
+    auth_dir = getattr(a, "auth_dir", None)
+    if auth_dir is not None:
+        if not (auth_dir / "public.json").is_file():
+            raise SystemExit(f"aegis-flow: --auth-dir {auth_dir} holds no NATS operator keys "
+                             "(public.json): give the directory `aegis-flow nats-bootstrap` "
+                             "wrote, or the aegis-auth Secret's files")
+        return job_user_options(auth_dir.parent, subjects, auth_name=auth_dir.name)
+    if a.nats_url:
+        return {}
     return job_user_options(a.state_dir / a.job, subjects)
 
 

@@ -112,11 +112,12 @@ def archived_runs(job_dir: Path) -> list[Path]:
 
 # -- reading the stored status over NATS ----------------------------------------------------
 def job_user_options(job_dir: Path, subjects: Subjects,
-                     name: str = "aegis-operator-cli") -> dict[str, Any]:
-    """``nats.connect`` options for the embedded NATS of a job in operator mode: a short-lived
-    user with the master's permissions, minted with the account signing key in
+                     name: str = "aegis-operator-cli", *, auth_name: str = "auth"
+                     ) -> dict[str, Any]:
+    """``nats.connect`` options for the NATS of a job in operator mode: a short-lived user
+    with the master's permissions, minted with the account signing key in
     ``JOB_DIR/auth`` ({} when the job runs without authentication)."""
-    auth_dir = job_dir / "auth"
+    auth_dir = job_dir / auth_name
     if not (auth_dir / "public.json").is_file():
         return {}
     from aegis_flow.security import natsjwt as nj

@@ -7,10 +7,14 @@ PURE: returns Hera templates; nothing is submitted. Every check pod runs
 
 from __future__ import annotations
 
-from hera.workflows import Container, FieldEnv, Parameter, RetryStrategy
+import json
+from typing import Any
+
+from hera.workflows import Container, Env, FieldEnv, Parameter, RetryStrategy, UserContainer
 from hera.workflows import models as m
 
 from aegis_flow.jobspec import JobSpec
+from aegis_flow.steps.gpu import EXPECT_ENV
 from aegis_flow.templates import common as c
 from aegis_flow.templates import inject
 
@@ -83,16 +87,89 @@ def troubleshoot_template(spec: JobSpec) -> Container:
     )
 
 
+GPU_RESOURCE = "nvidia.com/gpu"
+AEGIS_IMAGE_INPUT = "aegis-image"
+
+
+def checks_gpu(which: str) -> bool:
+    """Whether a check list includes the gpu check (``all`` does)."""
+    names = {n.strip() for n in which.split(",")}
+    return "gpu" in names or "all" in names
+
+
+def gpu_patch(gpus: str, *, containers: tuple[str, ...] = ("main",),
+              init_containers: tuple[str, ...] = ()) -> str:
+    """A ``podSpecPatch`` giving these containers ``gpus`` GPUs (requests and limits).
+
+    A parameter cannot stand in ``resources`` itself: Argo unmarshals the template before
+    substituting, and ``"{{inputs.parameters.gpus}}"`` is not a Kubernetes quantity
+    ("quantities must match the regular expression", argo-workflows#6939); ``podSpecPatch`` is
+    a string, substituted first, then merged into the pod (Argo's documented way)."""
+    res = {"requests": {GPU_RESOURCE: gpus}, "limits": {GPU_RESOURCE: gpus}}
+    patch: dict[str, list[dict[str, object]]] = {}
+    if init_containers:
+        patch["initContainers"] = [{"name": n, "resources": res} for n in init_containers]
+    if containers:
+        patch["containers"] = [{"name": n, "resources": res} for n in containers]
+    return json.dumps(patch, separators=(",", ":"))
+
+
+def gpu_env(gpus: str) -> list[Any]:
+    return [FieldEnv(name="AEGIS_NODE", field_path="spec.nodeName"),
+            Env(name=EXPECT_ENV, value=gpus)]
+
+
+def gpu_pod_pieces(gpus: str) -> dict[str, object]:
+    """What a pod needs for its gpu check to mean something: ``gpus`` GPUs requested
+    (:func:`gpu_patch`: the device plugin hands the container real devices and the NVIDIA
+    runtime its NVML), the
+    ``nvidia.com/gpu`` taint tolerated (GPU nodes usually carry it), and
+    ``AEGIS_EXPECT_GPUS=gpus``, so a node whose GPUs or driver are gone *fails* instead of
+    reporting ``not_applicable`` (steps/gpu.py)."""
+    return {"pod_spec_patch": gpu_patch(gpus), "tolerations": [gpu_toleration()],
+            "env": gpu_env(gpus)}
+
+
+def gpu_toleration() -> m.Toleration:
+    return m.Toleration(key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
+
+
 def check_template(name: str, which: str, *, image: str) -> Container:
-    """One check (or a comma list) for the reusable WorkflowTemplate; ``image`` is an input
-    with a default, so a caller's pipeline can run the check in its own image."""
+    """One check (or a comma list) for the reusable ``aegis-checks`` WorkflowTemplate.
+
+    It runs ``aegis-flow check`` in the **aegis-flow image** (input ``aegis-image``, default
+    ``image``: the job's or ``install``'s aegis image), never in the caller's image, which
+    needs only Python. A template whose checks include gpu (``check-gpu``, ``check-all``,
+    ``bootcheck``) also takes ``gpus`` (default 1) and requests, tolerates and expects that
+    many GPUs (:func:`gpu_pod_pieces`); pass ``gpus: "0"`` to run it on a CPU node. The
+    results are the ``result`` output.
+    """
+    gpu = checks_gpu(which)
+    pieces = gpu_pod_pieces(c.inp("gpus")) if gpu else {
+        "env": [FieldEnv(name="AEGIS_NODE", field_path="spec.nodeName")]}
+    defaults = {AEGIS_IMAGE_INPUT: image, **({"gpus": "1"} if gpu else {})}
     return Container(
         name=name,
-        image=c.inp("image"),
+        image=c.inp(AEGIS_IMAGE_INPUT),
         command=["aegis-flow"],
         args=_check_args(which, 0),
-        inputs=c.params(image=image),
+        inputs=[Parameter(name=k, default=v) for k, v in defaults.items()],
         outputs=_result(),
-        env=[FieldEnv(name="AEGIS_NODE", field_path="spec.nodeName")],
         affinity=c.not_quarantined(),
+        **pieces,
     )
+
+
+def gpu_check_init_container(*, aegis_image: str, gpus: str, out: str,
+                             volume_mounts: list[m.VolumeMount]) -> UserContainer:
+    """The gpu check as an **init container of the pod that uses the GPUs** (the aegis-flow
+    image, :func:`gpu_pod_pieces`): it runs on the node, and with the devices, that the pod's
+    main container then gets (the kubelet's device manager hands an init container's devices
+    on to the app containers), so what it checked is what the job uses; it writes the results
+    to ``out`` (on a volume the main container also mounts) and a failure stops the pod before
+    its main container starts. Its GPUs come from the pod's ``podSpecPatch``
+    (``gpu_patch(gpus, init_containers=("gpu-check",))``), as ``gpus`` may be a parameter."""
+    return UserContainer(
+        name="gpu-check", image=aegis_image, command=["aegis-flow"],
+        args=["check", "gpu", "--json", "--out", out],
+        env=gpu_env(gpus), volume_mounts=volume_mounts)

@@ -37,12 +37,21 @@ def add_parsers(sub: Any) -> None:
         description="Submit through the Argo Server's API (Hera's WorkflowsService): POST "
         "/api/v1/workflows/NAMESPACE with the rendered workflow. The bearer token comes from "
         "the environment (ARGO_TOKEN; 'argo auth token' prints one). Nothing is submitted "
-        "unless the workflow passes the JSON schema and the lint.")
+        "unless the workflow passes the JSON schema and the lint, and (unless --no-check) "
+        "the service accounts and Secrets it uses exist in the namespace (read through the "
+        "Kubernetes API with your kubeconfig); each missing one is named with the command "
+        "that creates it.")
     _job_flags(sm)
     sm.add_argument("--workflow", metavar="FILE",
                     help="submit this rendered Workflow YAML instead of rendering one")
     sm.add_argument("--argo-server", default=os.environ.get("ARGO_SERVER"),
                     help="Argo Server URL, e.g. https://argo.example.com:2746 (env ARGO_SERVER)")
+    sm.add_argument("--no-check", dest="check_cluster", action="store_false",
+                    help="do not check through the Kubernetes API that the service accounts "
+                    "and Secrets the workflow uses exist in its namespace")
+    sm.add_argument("--kubeconfig", help="for that check: kubeconfig file (default: "
+                    "$KUBECONFIG / ~/.kube/config, or in-cluster)")
+    sm.add_argument("--context", help="for that check: kubeconfig context")
     tls = sm.add_mutually_exclusive_group()
     tls.add_argument("--insecure", dest="verify_ssl", action="store_false",
                      help="do not verify the server's TLS certificate")
@@ -176,6 +185,10 @@ def handle_render(args: argparse.Namespace) -> int:
         print("aegis-flow render: the rendered workflow is invalid (a bug, please report):",
               *problems, sep="\n  ", file=sys.stderr)
         return 1
+    from aegis_flow.argo.scale import warnings
+
+    for note in warnings(objs[0].to_dict(), spec.workers):  # the limits that bite at scale
+        print(f"note: {note}", file=sys.stderr)
     text = to_yaml(*objs)
     if args.output == "-":
         sys.stdout.write(text)
@@ -218,6 +231,10 @@ def handle_submit(args: argparse.Namespace) -> int:
         print("aegis-flow submit: not submitted, the workflow is invalid:", *problems,
               sep="\n  ", file=sys.stderr)
         return 1
+    if args.check_cluster:
+        code = check_cluster(doc, namespace, kubeconfig=args.kubeconfig, context=args.context)
+        if code:
+            return code
     if not token:
         print("warning: ARGO_TOKEN is not set: submitting without a token", file=sys.stderr)
     try:
@@ -227,6 +244,35 @@ def handle_submit(args: argparse.Namespace) -> int:
         print(f"aegis-flow submit: {exc}", file=sys.stderr)
         return 1
     print(f"submitted {done.namespace}/{done.name}")
+    return 0
+
+
+def check_cluster(doc: dict[str, Any], namespace: str, *, kubeconfig: str | None,
+                  context: str | None, api: Any = None) -> int:
+    """0 when every service account and Secret the workflow uses is in ``namespace``; else
+    print each missing one with the command that creates it and return 1 (2: no cluster to
+    ask). ``api``: an ``ObjectApi`` (default: the kubeconfig's cluster)."""
+    from aegis_flow.k8s.api import NodeApiError
+    from aegis_flow.k8s.preflight import missing, needs, report
+
+    if api is None:
+        from aegis_flow.k8s.client import KubeNodeApi
+
+        try:
+            api = KubeNodeApi.connect(kubeconfig=kubeconfig, context=context)
+        except NodeApiError as exc:
+            print(f"aegis-flow submit: not submitted: cannot check the workflow's service "
+                  f"accounts and Secrets: {exc}; or pass --no-check to submit unchecked",
+                  file=sys.stderr)
+            return 2
+    found = missing(api, namespace, needs(doc))
+    if found:
+        print(f"aegis-flow submit: not submitted: without these objects in namespace "
+              f"{namespace} its pods would not start (Argo would show them Pending until the "
+              "workflow's deadline). Create them with the commands shown:",
+              *report(namespace, found), "(--no-check submits without checking)",
+              sep="\n  ", file=sys.stderr)
+        return 1
     return 0
 
 

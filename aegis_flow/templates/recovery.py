@@ -38,15 +38,19 @@ def quarantine_template(spec: JobSpec) -> Container:
     )
 
 
+GIVE_UP_MESSAGE = "/tmp/termination-log"  # the kubelet's termination message: the UI shows it
 GIVE_UP_SOURCE = (
     "import sys; verdict, message = sys.argv[1:3]; "
-    "sys.exit(f'aegis-flow: the job ended {verdict}: {message}')")
+    "text = f'the job ended {verdict}: {message}'; "
+    f"open('{GIVE_UP_MESSAGE}', 'w').write(text); "
+    "sys.exit('aegis-flow: ' + text)")
 
 
 def give_up_template(spec: JobSpec) -> Container:
-    """End the workflow Failed, saying why: the master's verdict and one-line message."""
+    """End the workflow Failed, saying why: the master's verdict and one-line message, as the
+    container's termination message, which Argo puts in the node's message."""
     return Container(
-        name=c.GIVE_UP, image=spec.aegis_image,
+        name=c.GIVE_UP, image=spec.aegis_image, termination_message_path=GIVE_UP_MESSAGE,
         command=["python", "-c", GIVE_UP_SOURCE, c.inp("verdict"), c.inp("message")],
         inputs=c.params("verdict", "message"),
         resources=m.ResourceRequirements(requests={"cpu": "50m", "memory": "32Mi"}),  # type: ignore[dict-item]
@@ -56,17 +60,18 @@ def give_up_template(spec: JobSpec) -> Container:
 REPORT_SOURCE = '''
 import json, os
 print(json.dumps({k: os.environ.get(k, "") for k in
-                  ("WORKFLOW", "STATUS", "DURATION", "FAILURES")}, indent=1))
+                  ("WORKFLOW", "STATUS", "DURATION")}, indent=1))
 '''
 
 
 def report_template(spec: JobSpec) -> Script:
-    """onExit: a one-screen summary in the log of the exit handler."""
+    """onExit: a one-screen summary in the log of the exit handler. (Not
+    ``{{workflow.failures}}``: a JSON entry per failed node, which past a few hundred failed
+    pods would not fit in one environment variable, and the container would not start.)"""
     return Script(
         name=c.REPORT, image=spec.aegis_image, command=["python"], source=REPORT_SOURCE,
         add_cwd_to_sys_path=False,
         env=[Env(name="WORKFLOW", value="{{workflow.name}}"),
              Env(name="STATUS", value="{{workflow.status}}"),
-             Env(name="DURATION", value="{{workflow.duration}}"),
-             Env(name="FAILURES", value="{{workflow.failures}}")],
+             Env(name="DURATION", value="{{workflow.duration}}")],
         tolerations=c.tolerations(spec), node_selector=spec.node_selector or None)

@@ -38,7 +38,23 @@ def worker_command(spec: JobSpec, *, rank: str) -> list[str]:
             "--nats-url", spec.cluster_nats_url, "--creds", inject.CREDS,
             "--master-timeout", str(int(master_timeout_for(spec.connect_timeout)) + MASTER_BACK),
             "--orphan-timeout", str(MASTER_BACK + 180),
+            *(["--work-dir", spec.checkpoint_dir] if spec.checkpoint_claim else []),
             "--", *spec.command]
+
+
+CHECKPOINT_VOLUME = "checkpoints"
+
+
+def checkpoint_volumes(spec: JobSpec) -> list[m.Volume]:
+    if not spec.checkpoint_claim:
+        return []
+    claim = m.PersistentVolumeClaimVolumeSource(claim_name=spec.checkpoint_claim)
+    return [m.Volume(name=CHECKPOINT_VOLUME, persistent_volume_claim=claim)]
+
+
+def checkpoint_mounts(spec: JobSpec) -> list[m.VolumeMount]:
+    return [m.VolumeMount(name=CHECKPOINT_VOLUME, mount_path=spec.checkpoint_dir)] \
+        if spec.checkpoint_claim else []
 
 
 def worker_template(spec: JobSpec) -> Container:
@@ -53,14 +69,16 @@ def worker_template(spec: JobSpec) -> Container:
             *([inject.copy_bundle(spec)] if spec.inject_supervisor else []),
             inject.worker_init(spec, master_addr=master_addr(spec), rank=c.inp("rank"))],
         volumes=[inject.shared_volume(), inject.token_volume(spec),
-                 *inject.worker_tls_volumes(spec)],
-        volume_mounts=[inject.shared_mount()],
+                 *inject.worker_tls_volumes(spec), *checkpoint_volumes(spec)],
+        volume_mounts=[inject.shared_mount(), *checkpoint_mounts(spec)],
         outputs=[
             Parameter(name="outcome", value_from=m.ValueFrom(
                 path=contract.OUTCOME_FILE, default=contract.UNKNOWN)),
             Parameter(name="node", value_from=m.ValueFrom(path=contract.NODE_FILE, default="")),
         ],
         env=[*c.pod_env(spec), Env(name="AEGIS_POD_RETRY", value="{{retries}}"),
+             *([Env(name="AEGIS_CHECKPOINT_DIR", value=spec.checkpoint_dir)]
+               if spec.checkpoint_claim else []),
              # GPUs asked for and none usable: the node lost them (a gpu check fail, not
              # not_applicable): the bootcheck ends the pod node-fault
              *([Env(name="AEGIS_EXPECT_GPUS", value=str(spec.gpus_per_worker))]

@@ -20,9 +20,10 @@ Run an Argo Workflow document on this machine, the way Argo's controller would: 
 set of real local processes in its own network namespace (own IP, own 127.0.0.1, own hostname),
 scheduled onto fake nodes with labels, taints and resources; container images are not pulled
 (commands run from this checkout's venv and PATH; argoproj/argosay runs a local stand-in).
-Argo's rules (steps, loops, when, retries with backoff and maxDuration, continueOn, outputs and
-their aggregation, daemons, recursion, onExit, deadlines) follow its controller source; see
-docs/argo.md for the list and what is refused. Needs root (namespaces).
+Argo's rules (steps, DAGs with dependencies/depends, loops, when, retries with backoff and
+maxDuration, continueOn, outputs and their aggregation, daemons, recursion, onExit, deadlines,
+templateRef to WorkflowTemplates) follow its controller source; see docs/argo.md for the list
+and what is refused. Needs root (namespaces).
 
 Exit status: 0 Succeeded, 1 Failed or Error, 2 bad input or unsupported, 3 cannot run here."""
 
@@ -36,6 +37,9 @@ def add_parsers(sub: Any) -> None:
                    help="override a workflow parameter (repeatable), like argo submit -p")
     p.add_argument("--scenario", metavar="FILE",
                    help="nodes, Secrets, RBAC and faults for this run (see docs/argo.md)")
+    p.add_argument("--templates", action="append", default=[], metavar="FILE",
+                   help="WorkflowTemplates that templateRef may name (YAML, several documents "
+                        "allowed; repeatable; added to the scenario's workflowTemplates)")
     p.add_argument("--secrets", type=Path, metavar="DIR",
                    help="the namespace's Secrets: DIR/<secret>/<key> files")
     p.add_argument("--json", action="store_true",
@@ -52,7 +56,12 @@ def add_parsers(sub: Any) -> None:
 def handle(args: argparse.Namespace) -> int:
     from aegis_flow.argo.rehearse import scenario as scenario_mod
     from aegis_flow.argo.rehearse import view
-    from aegis_flow.argo.rehearse.run import RehearseError, load_workflow, rehearse
+    from aegis_flow.argo.rehearse.run import (
+        RehearseError,
+        load_templates,
+        load_workflow,
+        rehearse,
+    )
 
     params: dict[str, str] = {}
     for item in args.parameter:
@@ -64,6 +73,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         wf = load_workflow(args.workflow)
         sc = scenario_mod.load(args.scenario) if args.scenario else None
+        templates = [wt for path in args.templates for wt in load_templates(path)]
     except (RehearseError, scenario_mod.ScenarioError) as exc:
         print(f"aegis-flow rehearse: {exc}", file=sys.stderr)
         return 2
@@ -75,7 +85,8 @@ def handle(args: argparse.Namespace) -> int:
 
     try:
         result = rehearse(wf, scenario=sc, params=params, secrets_dir=args.secrets,
-                          keep=args.keep, timeout=args.timeout, on_event=event)
+                          keep=args.keep, timeout=args.timeout, on_event=event,
+                          templates=templates)
     except RehearseError as exc:
         print(f"aegis-flow rehearse: {exc}", file=sys.stderr)
         return 3 if "cannot rehearse here" in str(exc) else 2

@@ -18,15 +18,17 @@ import json
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from aegis_flow.argo.rehearse import exprlang, tmpl
 from aegis_flow.argo.rehearse.base import FULFILLED, NodeErr, OperatorBase, rfc3339
 from aegis_flow.argo.rehearse.cluster import NodeStore, Placement
+from aegis_flow.argo.rehearse.dag import DAGMixin
 from aegis_flow.argo.rehearse.netns import Network
 from aegis_flow.argo.rehearse.podnodes import PodsMixin
-from aegis_flow.argo.rehearse.pods import PodContext, PodRun
+from aegis_flow.argo.rehearse.pods import PodContext, PodRun, valid_progress
 from aegis_flow.argo.rehearse.podspec import pod_name
 from aegis_flow.argo.rehearse.spec import Unsupported, check_template
 from aegis_flow.argo.rehearse.steps import StepsMixin
@@ -65,30 +67,43 @@ def humanize(seconds: float) -> str:
     return f"{m} minutes" if m != 1 else "1 minute"
 
 
-class Operator(PodsMixin, StepsMixin, OperatorBase):
+class Operator(PodsMixin, DAGMixin, StepsMixin, OperatorBase):
     """One workflow's controller. ``run()`` drives it to the end and returns the status."""
 
     def __init__(self, wf: dict[str, Any], *, name: str, namespace: str, cluster: NodeStore,
                  net: Network, ctx: PodContext, now: Callable[[], float] = time.time,
                  pod_hook: Callable[[str, dict[str, Any], dict[str, Any]], dict[str, Any]] |
-                 None = None, log: Callable[[str], None] = lambda s: None) -> None:
+                 None = None, log: Callable[[str], None] = lambda s: None,
+                 workflow_templates: Mapping[str, dict[str, Any]] | None = None) -> None:
         self.wf, self.spec = wf, wf["spec"]
         self.name, self.namespace = name, namespace
         self.cluster, self.net, self.ctx, self.now = cluster, net, ctx, now
         self.pod_hook = pod_hook  # scenario: may change a pod's containers
         self.log = log
+        claims = self.spec.get("volumeClaimTemplates") or []
+        if claims:  # createPVCs (operator.go): claim <workflow>-<name>, a workflow volume
+            self.spec = {**self.spec, "volumes": [*(self.spec.get("volumes") or []), *(
+                {"name": c["metadata"]["name"], "persistentVolumeClaim": {
+                    "claimName": f"{name}-{c['metadata']['name']}"}} for c in claims)]}
         self.templates = {t["name"]: t for t in self.spec.get("templates") or []}
+        # templateRef: WorkflowTemplate name -> its manifest (the namespace's, as listed)
+        self.workflow_templates = dict(workflow_templates or {})
+        self.tmpl_base = ""  # TemplateContext.tmplBase: "" the workflow, else a WorkflowTemplate
+        self.exec_errors: dict[str, str] = {}  # node name -> the err executeTemplate returned
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, PodRun] = {}  # node id -> pod
         self.pod_specs: dict[str, dict[str, Any]] = {}
         self.used: dict[str, dict[str, int]] = {}
         self.placements: dict[str, Placement] = {}  # node id -> where its pod runs (held)
         self.status: dict[str, Any] = {"phase": "Running", "startedAt": None, "nodes": self.nodes}
+        if claims:
+            self.status["persistentVolumeClaims"] = self.spec["volumes"][-len(claims):]
         self.started = self.now()
         self.status["startedAt"] = rfc3339(self.started)
         self.globals: dict[str, str] = {}
         self.wake = threading.Event()
         self.depth = 0
+        self.uid = str((wf.get("metadata") or {}).get("uid") or uuid.uuid4())
         self._set_globals()
 
     # ------------------------------------------------------------------ globals
@@ -100,7 +115,7 @@ class Operator(PodsMixin, StepsMixin, OperatorBase):
         g["workflow.namespace"] = self.namespace
         g["workflow.mainEntrypoint"] = self.spec.get("entrypoint", "")
         g["workflow.serviceAccountName"] = self.spec.get("serviceAccountName", "")
-        g["workflow.uid"] = meta.get("uid", "")
+        g["workflow.uid"] = self.uid
         g["workflow.creationTimestamp"] = rfc3339(self.started) or ""
         g["workflow.priority"] = str(self.spec.get("priority", 0))
         g["workflow.duration"] = "0"
@@ -181,15 +196,21 @@ class Operator(PodsMixin, StepsMixin, OperatorBase):
         self.status["progress"] = self.progress()
 
     def progress(self) -> str:
-        """``progress.UpdateProgress`` (workflow/progress/updater.go): every Pod node is
-        ``0/1`` until Succeeded (``1/1``); the workflow sums them; every other node sums the
-        Pod nodes reachable through its children (each counted once)."""
+        """``progress.UpdateProgress`` (workflow/progress/updater.go): every Pod node has its
+        self-reported progress (``ARGO_PROGRESS_FILE``, see ``pods._ProgressMonitor``) or
+        ``0/1``, completed (``M/M``) when Succeeded; the workflow sums them; every other node
+        sums the Pod nodes reachable through its children (each counted once)."""
         total_n = total_m = 0
         for n in self.nodes.values():
             if n["type"] != "Pod":
                 continue
-            n["progress"] = "1/1" if n["phase"] in ("Succeeded", "Skipped", "Omitted") else "0/1"
-            total_n, total_m = total_n + int(n["progress"][0]), total_m + 1
+            if not valid_progress(str(n.get("progress") or "")):
+                n["progress"] = "0/1"  # ProgressDefault
+            if n["phase"] in ("Succeeded", "Skipped", "Omitted"):  # Progress.Complete
+                m = n["progress"].split("/", 1)[1]
+                n["progress"] = f"{int(m)}/{int(m)}"
+            pn, pm = (int(x) for x in n["progress"].split("/", 1))
+            total_n, total_m = total_n + pn, total_m + pm
         for n in self.nodes.values():
             if n["type"] == "Pod":
                 continue
@@ -203,7 +224,8 @@ class Operator(PodsMixin, StepsMixin, OperatorBase):
                 visited.add(kid)
                 child = self.nodes[kid]
                 if child["type"] == "Pod":
-                    pn, pm = pn + int(child["progress"][0]), pm + 1
+                    cn, cm = (int(x) for x in child["progress"].split("/", 1))
+                    pn, pm = pn + cn, pm + cm
                 todo.extend(child.get("children") or [])
             if pm > 0:
                 n["progress"] = f"{pn}/{pm}"
@@ -223,22 +245,27 @@ class Operator(PodsMixin, StepsMixin, OperatorBase):
                          *, boundary: str, on_exit: bool = False,
                          flag: dict[str, bool] | None = None,
                          execution_deadline: float | None = None) -> dict[str, Any] | None:
-        """``executeTemplate`` (operator.go)."""
+        """``executeTemplate`` (operator.go). The template is resolved in the current template
+        context (``self.tmpl_base``, ``TemplateContext.ResolveTemplate``): a ``templateRef``
+        switches it to that WorkflowTemplate for everything the template calls."""
         node = self.by_name(name)
+        self.exec_errors.pop(name, None)
         self.depth += 1
         try:
             if self.depth >= MAX_STACK_DEPTH:
                 return self._init_or_error(node, name, holder, boundary, ERR_MAX_DEPTH)
-            tname = holder.get("template")
-            if holder.get("templateRef") or holder.get("inline"):
-                raise Unsupported("templateRef and inline templates are not supported")
-            if tname not in self.templates:
-                return self._init_or_error(node, name, holder, boundary,
-                                           f"template {tname} not found")
-            org = self.templates[tname]
+            if holder.get("inline"):
+                raise Unsupported("inline templates are not supported")
+            try:
+                org, base = self.resolve_template(holder)
+            except NodeErr as exc:
+                self.exec_errors[name] = str(exc)
+                return self._init_or_error(node, name, holder, boundary, str(exc))
+            tname = org["name"]
             try:
                 processed, inputs = self.process_args(org, args, name)
             except NodeErr as exc:
+                self.exec_errors[name] = str(exc)
                 return self._init_or_error(node, name, holder, boundary, str(exc))
             if node is not None and node["phase"] in FULFILLED:
                 return node  # handleNodeFulfilled
@@ -247,8 +274,9 @@ class Operator(PodsMixin, StepsMixin, OperatorBase):
             opts_deadline = execution_deadline
             if retry is not None:
                 retry_name = name
-                rnode = node or self.init_node(name, "Retry", tname, boundary, "Running",
-                                               inputs=inputs, flag=flag)
+                rnode = node or self._from_holder(self.init_node(
+                    name, "Retry", tname, boundary, "Running", inputs=inputs, flag=flag),
+                    holder, org, base)
                 flag = {**(flag or {}), "retried": True}
                 rnode, cont, dl = self.process_node_retries(rnode, retry)
                 if dl is not None:
@@ -281,13 +309,18 @@ class Operator(PodsMixin, StepsMixin, OperatorBase):
                         "lastRetry.duration": str(self._duration(last))})
                 processed = tmpl.substitute_json(processed, {**self.globals, **local},
                                                  allow_unresolved=True)
+            caller_base, self.tmpl_base = self.tmpl_base, base
             try:
-                if "container" in processed or "script" in processed:
+                if "container" in processed or "script" in processed or \
+                        "resource" in processed:  # executeResource: a pod too
                     node = self.execute_pod(name, processed, tname, boundary, inputs, flag,
                                             on_exit=on_exit, execution_deadline=opts_deadline)
                 elif "steps" in processed:
                     node = self.execute_steps(name, processed, tname, boundary, inputs, flag,
                                               on_exit=on_exit)
+                elif "dag" in processed:
+                    node = self.execute_dag(name, processed, tname, boundary, inputs, flag,
+                                            on_exit=on_exit)
                 else:
                     return self._init_or_error(
                         node, name, holder, boundary,
@@ -296,6 +329,11 @@ class Operator(PodsMixin, StepsMixin, OperatorBase):
                 if self.by_name(name) is None:
                     self.init_node(name, "Skipped", tname, boundary, "Error", str(exc))
                 node = self.mark_error(name, exc)
+                self.exec_errors[name] = str(exc)
+            finally:
+                self.tmpl_base = caller_base
+            if node is not None:
+                self._from_holder(node, holder, org, base)
             if retry_name:
                 found = self.by_name(retry_name)
                 assert found is not None
@@ -315,6 +353,56 @@ class Operator(PodsMixin, StepsMixin, OperatorBase):
             return node
         finally:
             self.depth -= 1
+
+    def resolve_template(self, holder: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+        """``TemplateContext.ResolveTemplate`` (workflow/templateresolution/context.go): the
+        template a holder names and the template base it runs in (``""``: the workflow)."""
+        ref = holder.get("templateRef")
+        if ref:
+            if ref.get("clusterScope"):
+                raise Unsupported("templateRef.clusterScope (ClusterWorkflowTemplates) is not "
+                                  "supported by rehearse")
+            wt = self.workflow_templates.get(str(ref.get("name")))
+            if wt is None:  # GetTemplateFromRef, on a NotFound from the lister
+                raise NodeErr(f"workflow template {ref.get('name')} not found")
+            org = next((t for t in wt["spec"].get("templates") or []
+                        if t.get("name") == ref.get("template")), None)
+            if org is None:
+                raise NodeErr(f"template {ref.get('template')} not found in workflow template "
+                              f"{ref.get('name')}")
+            meta = wt["spec"].get("podMetadata") or {}
+            if meta:  # addPodMetadata: the WorkflowTemplate's podMetadata onto the template
+                org = json.loads(json.dumps(org))
+                tm = org.setdefault("metadata", {})
+                for key in ("annotations", "labels"):
+                    if meta.get(key):
+                        tm[key] = {**(tm.get(key) or {}), **meta[key]}
+            return org, str(ref["name"])
+        tname = holder.get("template")
+        if self.tmpl_base:
+            found = next((t for t in self.workflow_templates[self.tmpl_base]["spec"].get(
+                "templates") or [] if t.get("name") == tname), None)
+        else:
+            found = self.templates.get(str(tname))
+        if found is None:  # GetTemplateByName
+            raise NodeErr(f"template {tname} not found")
+        return found, self.tmpl_base
+
+    def _from_holder(self, node: dict[str, Any], holder: Mapping[str, Any],
+                     org: dict[str, Any], base: str) -> dict[str, Any]:
+        """``initializeExecutableNode``'s ``templateRef``/``templateScope`` for a node from a
+        WorkflowTemplate (Argo leaves ``templateName`` empty for a ``templateRef`` holder);
+        the template is kept on the node, since the workflow's own list does not have it."""
+        if not base:
+            return node
+        node.setdefault("_template", org)
+        ref = holder.get("templateRef")
+        if ref and "templateRef" not in node:
+            node["templateRef"] = {k: ref[k] for k in ("name", "template") if k in ref}
+            node.pop("templateName", None)
+        if not ref:
+            node.setdefault("templateScope", f"namespaced/{base}")
+        return node
 
     def _init_or_error(self, node: dict[str, Any] | None, name: str, holder: Mapping[str, Any],
                        boundary: str, message: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import re
 import socket
 import ssl
 import tempfile
@@ -34,8 +35,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from aegis_flow.argo.rehearse.cluster import JSON_PATCH, ApiError, NodeStore
+from aegis_flow.argo.rehearse.objects import KINDS, ObjectStore
 
 VERBS = frozenset({"get", "list", "patch"})
+_NAMESPACED = re.compile(r"/api/v1/namespaces/([^/]+)/(services|secrets|configmaps)(?:/([^/]+))?")
 IN_CLUSTER_NAMES = ("kubernetes", "kubernetes.default", "kubernetes.default.svc",
                     "kubernetes.default.svc.cluster.local", "localhost")
 VERSION = {"major": "1", "minor": "34", "gitVersion": "v1.34.0-aegis-rehearse",
@@ -46,10 +49,12 @@ VERSION = {"major": "1", "minor": "34", "gitVersion": "v1.34.0-aegis-rehearse",
 
 @dataclass(frozen=True)
 class Grant:
-    """Who a token is, and what it may do to nodes (a subset of ``VERBS``)."""
+    """Who a token is, what it may do to nodes (a subset of ``VERBS``), and to namespaced
+    resources (``resources``: (resource, verb) pairs, e.g. ``("services", "create")``)."""
 
     user: str
     verbs: frozenset[str] = VERBS
+    resources: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,7 @@ def status_body(err: ApiError) -> dict[str, Any]:
                            "status": "Failure", "message": err.message, "reason": err.reason,
                            "code": err.code}
     if err.name is not None:
-        out["details"] = {"name": err.name, "kind": "nodes"}
+        out["details"] = {"name": err.name, "kind": getattr(err, "kind", "nodes")}
     return out
 
 
@@ -246,14 +251,17 @@ class NodesApiServer:
 
     def __init__(self, store: NodeStore, *, host: str, port: int = 0,
                  tokens: Mapping[str, Grant | Iterable[str]], cert_dir: str | Path,
-                 san: Iterable[str] = ()) -> None:
+                 san: Iterable[str] = (), namespaced: ObjectStore | None = None) -> None:
         self.store, self.host, self.port = store, host, port
+        self.namespaced = namespaced  # Services, Secrets, ConfigMaps (create/get/list/delete)
         self.cert_dir = Path(cert_dir)
         self.san = tuple(san)
         self.grants = {tok: g if isinstance(g, Grant) else Grant(
             "system:serviceaccount:rehearse:" + hashlib.sha256(tok.encode()).hexdigest()[:8],
             frozenset(g)) for tok, g in tokens.items()}
         self.calls: list[Call] = []
+        # ServiceAccounts, GET only: ("serviceaccounts", namespace, name) -> object
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._server: _TLSServer | None = None
         self._thread: threading.Thread | None = None
@@ -359,7 +367,57 @@ class NodesApiServer:
             if content_type == JSON_PATCH:
                 return 200, self.store.update(name, lambda node: json_patch(node, patch))
             return 200, self.store.patch(name, patch, content_type)
+        if method == "GET" and path.startswith("/api/v1/namespaces/"):
+            namespace, _, rest = path[len("/api/v1/namespaces/"):].partition("/")
+            resource, _, name = rest.partition("/")
+            if resource == "serviceaccounts" and name and "/" not in name:
+                if grant is None or (resource, "get") not in grant.resources:
+                    who = grant.user if grant else "system:anonymous"
+                    raise ApiError(403, "Forbidden", f'{resource} "{name}" is forbidden: User '
+                                   f'"{who}" cannot get resource "{resource}" in API group "" '
+                                   f'in the namespace "{namespace}"', name)
+                found = self.objects.get((resource, namespace, name))
+                if found is None:
+                    raise ApiError(404, "NotFound", f'{resource} "{name}" not found', name)
+                return 200, copy.deepcopy(found)
+        m = _NAMESPACED.fullmatch(path)
+        if m and self.namespaced is not None:
+            return self._namespaced(method, m.group(1), m.group(2), m.group(3), grant, body)
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+    def _namespaced(self, method: str, namespace: str, resource: str, name: str | None,
+                    grant: Grant | None, body: bytes) -> tuple[int, Any]:
+        """Services, Secrets, ConfigMaps: create, get, list, delete (RBAC per resource)."""
+        assert self.namespaced is not None
+        verb = {("POST", False): "create", ("GET", True): "get", ("GET", False): "list",
+                ("DELETE", True): "delete"}.get((method, name is not None), "")
+        if not verb:
+            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on "
+                           f"the requested resource ({method} {resource})")
+        if grant is None or (resource, verb) not in grant.resources:
+            who = grant.user if grant else "system:anonymous"
+            subject = f'{resource} "{name}"' if name else resource
+            err = ApiError(403, "Forbidden", f'{subject} is forbidden: User "{who}" cannot '
+                           f'{verb} resource "{resource}" in API group "" in the namespace '
+                           f'"{namespace}"', name)
+            err.kind = resource  # type: ignore[attr-defined]
+            raise err
+        if verb == "create":
+            try:
+                obj = json.loads(body or b"null")
+            except ValueError as exc:
+                raise ApiError(400, "BadRequest", f"error decoding body: {exc}") from None
+            return 201, self.namespaced.create(resource, namespace, obj)
+        if verb == "get":
+            assert name is not None
+            return 200, self.namespaced.get(resource, namespace, name)
+        if verb == "delete":
+            assert name is not None
+            return 200, self.namespaced.delete(resource, namespace, name)
+        kind = {"services": "ServiceList", "secrets": "SecretList",
+                "configmaps": "ConfigMapList"}[resource]
+        return 200, {"kind": kind, "apiVersion": "v1", "metadata": {},
+                     "items": self.namespaced.items(resource, namespace)}
 
     def _list(self, query: Mapping[str, list[str]]) -> dict[str, Any]:
         try:
@@ -388,4 +446,7 @@ class NodesApiServer:
             return {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "v1",
                 "resources": [{"name": "nodes", "singularName": "node", "namespaced": False,
-                               "kind": "Node", "verbs": sorted(VERBS), "shortNames": ["no"]}]}
+                               "kind": "Node", "verbs": sorted(VERBS), "shortNames": ["no"]},
+                              *({"name": r, "singularName": k.lower(), "namespaced": True,
+                                 "kind": k, "verbs": ["create", "delete", "get", "list"]}
+                                for r, k in KINDS.items() if self.namespaced is not None)]}

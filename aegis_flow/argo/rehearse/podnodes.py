@@ -18,8 +18,10 @@ from typing import Any
 from aegis_flow.argo.rehearse import tmpl
 from aegis_flow.argo.rehearse.base import FULFILLED, NodeErr, OperatorBase, rfc3339
 from aegis_flow.argo.rehearse.cluster import Placement, schedule
-from aegis_flow.argo.rehearse.pods import PodRun, PodSpecError
+from aegis_flow.argo.rehearse.pods import PodRun, PodSpecError, valid_progress
 from aegis_flow.argo.rehearse.podspec import PatchError, build_pod_spec, pod_name
+
+RECENTLY_STARTED_POD_DURATION = 10.0  # operator.go recentlyStarted's default
 
 
 class PodsMixin(OperatorBase):
@@ -34,7 +36,12 @@ class PodsMixin(OperatorBase):
                 for res, qty in held.requests.items():
                     self.used[held.node][res] -= int(qty)
             node = self.nodes[nid]
+            if pod.progress is not None and valid_progress(pod.progress):
+                node["progress"] = pod.progress  # taskresult.go: the executor's report
             if node["phase"] in FULFILLED:
+                continue
+            if pod.gone:
+                self._pod_missing(nid, node)
                 continue
             if dl is not None and self.now() > dl and not self._in_exit_handler(node):
                 pod.kill("Killed")
@@ -42,7 +49,7 @@ class PodsMixin(OperatorBase):
                 node.pop("daemoned", None)
                 continue
             v = pod.view
-            tmpl_ = self.templates.get(node.get("templateName", ""), {})
+            tmpl_ = node.get("_template") or self.templates.get(node.get("templateName", ""), {})
             daemon = bool(tmpl_.get("daemon"))
             if v.node:
                 node["hostNodeName"] = v.node
@@ -66,6 +73,20 @@ class PodsMixin(OperatorBase):
             else:
                 node.pop("daemoned", None)
                 self._assess_finished(node, pod, daemon)
+
+    def _pod_missing(self, nid: str, node: dict[str, Any]) -> None:
+        """``podReconciliation``'s deleted-pod pass (operator.go): a Pod node whose pod is no
+        longer seen: still Pending, the pod is created again by the next ``executeTemplate``;
+        started within ``RECENTLY_STARTED_POD_DURATION`` (10 s, ``recentlyStarted``), the
+        workflow is requeued (looked at again); otherwise the node is marked Error ``pod
+        deleted`` (``markNodeError``) and no longer daemoned."""
+        if node["phase"] == "Pending":
+            self.pods.pop(nid, None)
+            return
+        if self.now() - self._ts(node["startedAt"]) <= RECENTLY_STARTED_POD_DURATION:
+            return
+        node.pop("daemoned", None)
+        self.mark(node["name"], "Error", "pod deleted")
 
     def _assess_finished(self, node: dict[str, Any], pod: PodRun, daemon: bool) -> None:
         v = pod.view
@@ -120,6 +141,8 @@ class PodsMixin(OperatorBase):
             msg = f"{c.name}: {reason} (exit code {c.exit_code})"
             if reason == "StartError":
                 msg += ": " + _start_error(pod, c.name)
+            elif c.message:  # the container's termination message (t.Message)
+                msg += ": " + c.message
             if c.kind in ("init", "main"):
                 return "Failed", msg
             if c.exit_code not in (137, 143):
@@ -159,16 +182,18 @@ class PodsMixin(OperatorBase):
             node.setdefault("outputs", {})["result"] = out[:-1] if out.endswith("\n") else out
 
     def _include_script_output(self, node: dict[str, Any]) -> bool:
-        """``includeScriptOutput`` / ``hasOutputResultRef``: stdout becomes
-        ``outputs.result`` only when the enclosing steps template mentions
-        ``steps.<step>.outputs.result``."""
+        """``includeScriptOutput`` / ``hasOutputResultRef`` / ``generateOutputResultRegex``:
+        stdout becomes ``outputs.result`` only when the enclosing template mentions
+        ``steps.<step>.outputs.result`` (``tasks.<task>.outputs.result`` in a DAG)."""
         boundary = self.nodes.get(node.get("boundaryID") or "")
         if boundary is None:
             return False
-        parent = json.dumps(self._node_template(boundary))
+        parent_t = self._node_template(boundary)
+        parent = json.dumps(parent_t)
         name = _step_name(node["name"])
-        return re.search(rf"steps\.{re.escape(name)}\.outputs\.result", parent) is not None or \
-            re.search(rf"steps\[['\"]{re.escape(name)}['\"]\]\.outputs.result", parent) is not None
+        kind = "tasks" if "dag" in parent_t else "steps"
+        return re.search(rf"{kind}\.{re.escape(name)}\.outputs\.result", parent) is not None or \
+            re.search(rf"{kind}\[['\"]{re.escape(name)}['\"]\]\.outputs.result", parent) is not None
 
     def execute_pod(self, name: str, t: dict[str, Any], tname: str, boundary: str,
                     inputs: dict[str, Any], flag: dict[str, bool] | None, *, on_exit: bool,
@@ -194,13 +219,13 @@ class PodsMixin(OperatorBase):
                 return node
             active = left if active is None or left < active else active
         failed_hosts = self._fail_hosts(node)
+        if (t.get("resource") or {}).get("setOwnerReference"):
+            t = self._set_owner_reference(t)
         try:
             spec = build_pod_spec(t, self.spec, script="script" in t, active_deadline=active,
                                   failed_hosts=failed_hosts)
         except PatchError as exc:
             raise NodeErr(str(exc)) from None
-        if self.pod_hook is not None:
-            spec = self.pod_hook(name, node, spec)
         pname = pod_name(self.name, name, tname)
         placement = schedule(spec, self.cluster.list(), self.used)
         if not isinstance(placement, Placement):
@@ -208,12 +233,18 @@ class PodsMixin(OperatorBase):
             if node.get("message") != msg:
                 node["message"] = msg
             return node  # stays Pending; the next pass tries again
+        if self.pod_hook is not None:  # scenario rules (may match the node it was placed on)
+            node["hostNodeName"] = placement.node
+            spec = self.pod_hook(name, node, spec)
         for res, qty in placement.requests.items():
             self.used.setdefault(placement.node, {}).setdefault(res, 0)
             self.used[placement.node][res] += int(qty)
         self.placements[node["id"]] = placement
+        # createWorkflowPod: the workflow and completed labels, then addMetadata (template's)
         labels = {"workflows.argoproj.io/workflow": self.name,
-                  **((t.get("metadata") or {}).get("labels") or {})}
+                  "workflows.argoproj.io/completed": "false",
+                  **{str(k): str(v) for k, v in
+                     ((t.get("metadata") or {}).get("labels") or {}).items()}}
         annotations = {"workflows.argoproj.io/node-name": name,
                        "workflows.argoproj.io/node-id": node["id"],
                        **((t.get("metadata") or {}).get("annotations") or {})}
@@ -230,6 +261,24 @@ class PodsMixin(OperatorBase):
         self.log(f"pod {pname} ({name}) on {placement.node}")
         pod.start()
         return node
+
+    def _set_owner_reference(self, t: dict[str, Any]) -> dict[str, Any]:
+        """``executeResource``: the workflow appended to the manifest's ownerReferences as
+        its controller (``metav1.NewControllerRef``)."""
+        import yaml
+
+        try:
+            obj = yaml.safe_load(t["resource"]["manifest"])
+        except yaml.YAMLError as exc:
+            raise NodeErr(str(exc)) from None
+        if not isinstance(obj, dict):
+            raise NodeErr("resource.manifest is not an object")
+        meta = obj.setdefault("metadata", {})
+        meta["ownerReferences"] = [*(meta.get("ownerReferences") or []), {
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": self.name,
+            "uid": getattr(self, "uid", ""), "controller": True, "blockOwnerDeletion": True}]
+        return {**t, "resource": {**t["resource"],
+                                  "manifest": yaml.safe_dump(obj, sort_keys=True)}}
 
     def _fail_hosts(self, node: dict[str, Any]) -> list[str]:
         """``scheduleOnDifferentHost`` + ``GetFailHosts``: hosts of failed Pod attempts under

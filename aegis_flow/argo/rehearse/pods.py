@@ -41,6 +41,8 @@ from aegis_flow.argo.rehearse.netns import Network, in_netns
 SHIM = Path(__file__).with_name("shim.py")
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 WAIT = "wait"  # Argo's executor container: stands for itself, not run as a process
+VAR_RUN_ARGO = "/var/run/argo"  # common.VarRunArgoPath: the executor's shared volume
+PROGRESS_FILE = VAR_RUN_ARGO + "/progress"  # common.ArgoProgressPath
 ARGOSAY_IMAGE = re.compile(r"^(docker\.io/)?argoproj/argosay:v2$")
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
@@ -68,7 +70,8 @@ class ContainerState:
     ready: bool = False
     started: bool = False
     reason: str = ""  # Completed | Error | DeadlineExceeded | StartError | Killed
-    message: str = ""
+    message: str = ""  # the termination message (``terminationMessagePath`` under /tmp)
+    started_at: float | None = None
 
 
 @dataclass
@@ -101,6 +104,11 @@ class PodContext:
     grace_cap: float | None = None
     sa_dirs: Mapping[str, str] = field(default_factory=dict)  # service account -> token dir
     image_workdirs: Mapping[str, str] = field(default_factory=dict)  # image -> its WORKDIR
+    # namespace -> /etc/hosts lines for the Services that exist now (objects.ObjectStore)
+    service_hosts: Callable[[str], list[str]] | None = None
+    # Argo's progress ticks (ARGO_PROGRESS_PATCH_TICK_DURATION, ARGO_PROGRESS_FILE_TICK_DURATION,
+    # seconds; the controller's defaults 1m and 3s); None: progress monitoring disabled
+    progress_ticks: tuple[float, float] | None = (60.0, 3.0)
 
 
 def _secret(ctx: PodContext, name: str) -> Path:
@@ -119,8 +127,10 @@ class PodRun:
     def __init__(self, name: str, spec: dict[str, Any], *, node: str, labels: Mapping[str, str],
                  annotations: Mapping[str, str], ctx: PodContext, net: Network,
                  deadline: float | None = None, script: str | None = None,
-                 on_change: Callable[[], None] = lambda: None) -> None:
+                 on_change: Callable[[], None] = lambda: None,
+                 main: str | None = "main") -> None:
         self.name, self.spec, self.ctx, self.net = name, spec, ctx, net
+        self.main = main  # None: a plain pod (no Argo main container), runs until deleted
         self.labels, self.annotations = dict(labels), dict(annotations)
         self.deadline = deadline  # executor deadline (ARGO_DEADLINE), wall clock
         self.script = script
@@ -132,6 +142,9 @@ class PodRun:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._stop_reason = ""
+        self.deleting = False  # deleted: terminating within its grace period
+        self.gone = False  # deleted and its containers have ended: the API has no such pod
+        self.progress: str | None = None  # self-reported progress the executor has reported
         self._thread = threading.Thread(target=self._run, name=f"pod-{name}", daemon=True)
 
     # ------------------------------------------------------------------ control
@@ -146,9 +159,35 @@ class PodRun:
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
+    def delete(self) -> None:
+        """``kubectl delete pod``: terminating (SIGTERM, SIGKILL after the grace period), then
+        gone from the API (``gone``): the controller no longer sees it."""
+        self.deleting = True
+        self.kill("Deleted")
+
+    def kill_main(self) -> None:
+        """SIGKILL the main container's processes (an OOM kill or ``kill -9`` in it)."""
+        if self.main is not None:
+            self._signal(self.main, signal.SIGKILL)
+
     @property
     def done(self) -> bool:
-        return self.view.phase in ("Succeeded", "Failed")
+        return self.view.phase in ("Succeeded", "Failed") or self.gone
+
+    # ------------------------------------------------------------------ as an endpoint
+    @property
+    def namespace(self) -> str:
+        return self.ctx.namespace
+
+    @property
+    def serving(self) -> bool:
+        """Running, every container ready, not terminating (in the Service's endpoints)."""
+        return self.view.phase == "Running" and self.view.ready and not self.deleting \
+            and not self.gone
+
+    @property
+    def address(self) -> str:
+        return self.view.pod_ip
 
     # ------------------------------------------------------------------ helpers
     def _changed(self) -> None:
@@ -159,8 +198,8 @@ class PodRun:
         out: dict[str, Path] = {}
         for vol in self.spec.get("volumes") or []:
             name = vol["name"]
-            where = self.dir / "volumes" / name
-            if "emptyDir" in vol:
+            where = self._volume_dir(vol)
+            if "emptyDir" in vol or "persistentVolumeClaim" in vol:
                 where.mkdir(parents=True, exist_ok=True)
             elif "secret" in vol:
                 src = _secret(self.ctx, vol["secret"]["secretName"])
@@ -181,9 +220,19 @@ class PodRun:
             else:
                 kind = next((k for k in vol if k != "name"), "?")
                 raise PodSpecError(f"volume {name!r}: {kind} volumes are not supported "
-                                   "(emptyDir and secret are)")
+                                   "(emptyDir, secret and persistentVolumeClaim are)")
             out[name] = where
         return out
+
+    def _volume_dir(self, vol: Mapping[str, Any]) -> Path:
+        """Where a volume's files live: the pod's own directory, except a
+        ``persistentVolumeClaim``: one directory per claim for the whole rehearsal, shared by
+        every pod that mounts it (a claim from ``volumeClaimTemplates`` is empty at the start;
+        access modes and the claim's size are not enforced)."""
+        pvc = vol.get("persistentVolumeClaim")
+        if pvc is not None:
+            return self.ctx.workdir / "pvc" / str(pvc["claimName"])
+        return self.dir / "volumes" / str(vol["name"])
 
     def _field(self, path: str) -> str:
         m = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
@@ -205,6 +254,10 @@ class PodRun:
         if self.deadline is not None:
             env["ARGO_DEADLINE"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.deadline))
         env["ARGO_POD_NAME"] = self.name
+        if self.ctx.progress_ticks is not None:  # createWorkflowPod, every container
+            env["ARGO_PROGRESS_FILE"] = PROGRESS_FILE
+            env["ARGO_PROGRESS_PATCH_TICK_DURATION"] = _go_duration(self.ctx.progress_ticks[0])
+            env["ARGO_PROGRESS_FILE_TICK_DURATION"] = _go_duration(self.ctx.progress_ticks[1])
         for src in c.get("envFrom") or []:
             if "secretRef" not in src:
                 raise PodSpecError("envFrom: only secretRef is supported")
@@ -260,6 +313,8 @@ class PodRun:
                                             "readOnly": True}]
         for path, src in self.ctx.image_mounts:
             mounts.append({"path": path, "source": src, "readOnly": True})
+        if self.ctx.progress_ticks is not None and self.main is not None:
+            mounts.append({"path": VAR_RUN_ARGO, "source": str(self._var_run_argo())})
         sa = str(self.spec.get("serviceAccountName") or "default")
         if self.spec.get("automountServiceAccountToken", True) and sa in self.ctx.sa_dirs:
             mounts.append({"path": SA_DIR, "source": self.ctx.sa_dirs[sa], "readOnly": True})
@@ -294,7 +349,7 @@ class PodRun:
         with self._lock:
             self._procs[name] = proc
         st = self.view.containers[name]
-        st.started = True
+        st.started, st.started_at = True, time.time()
         st.ready = kind != "init" and not c.get("readinessProbe")
 
     def _hosts(self) -> Path:
@@ -305,8 +360,24 @@ class PodRun:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n"
                             "::1\tlocalhost ip6-localhost ip6-loopback\n"
-                            f"{self.view.pod_ip}\t{self.name[:63]}\n")
+                            f"{self.view.pod_ip}\t{self.name[:63]}\n"
+                            + "".join(f"{line}\n" for line in (
+                                self.ctx.service_hosts(self.ctx.namespace)
+                                if self.ctx.service_hosts is not None else [])))
         return path
+
+    def _var_run_argo(self) -> Path:
+        path = self.dir / "var-run-argo"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _termination_message(self, c: dict[str, Any]) -> str:
+        """The container's ``terminationMessagePath`` file, when it is under its /tmp."""
+        where = str(c.get("terminationMessagePath") or "")
+        if not where.startswith("/tmp/"):
+            return ""
+        path = self.dir / "containers" / c["name"] / "tmp" / where[len("/tmp/"):]
+        return path.read_text(errors="replace")[:4096] if path.is_file() else ""
 
     def _signal(self, name: str, sig: int) -> None:
         proc = self._procs.get(name)
@@ -383,6 +454,8 @@ class PodRun:
         finally:
             if v.finished_at is None:
                 v.finished_at = time.time()
+            if self.deleting:
+                v.phase, v.reason, self.gone = "Failed", "Deleted", True
             if self.ns:
                 with contextlib.suppress(Exception):
                     self.net.remove(self.ns)
@@ -449,23 +522,29 @@ class PodRun:
                 return
             st.reason = "Completed"
         v.phase = "Running"
-        v.containers[WAIT].started = v.containers[WAIT].ready = True
+        if WAIT in v.containers:
+            v.containers[WAIT].started = v.containers[WAIT].ready = True
         mains = [c for c in mains if c["name"] != WAIT]
         for c in mains:
             self._launch(c, v.containers[c["name"]].kind, vols)
         self._changed()
-        main = "main"
+        main = self.main
         next_probe: dict[str, float] = {
             c["name"]: time.time() + float(c["readinessProbe"].get("initialDelaySeconds", 0))
             for c in mains if c.get("readinessProbe")}
+        monitor = _ProgressMonitor(self) if main is not None and WAIT in v.containers and \
+            self.ctx.progress_ticks is not None else None
         while True:
-            rc = self._procs[main].poll()
-            if rc is not None:
+            if main is not None and self._procs[main].poll() is not None:
+                break
+            if main is None and all(self._procs[c["name"]].poll() is not None for c in mains):
                 break
             if self._stop.is_set() or self._past_deadlines():
                 self._stop_containers([c["name"] for c in mains])
                 break
             now = time.time()
+            if monitor is not None:
+                monitor.tick(now)
             for c in mains:
                 n = c["name"]
                 if n in next_probe and now >= next_probe[n]:
@@ -480,15 +559,24 @@ class PodRun:
             time.sleep(0.05)
         # main ended (or the pod was stopped): Argo's executor stops the sidecars
         self._stop_containers([c["name"] for c in mains if c["name"] != main])
-        v.containers[WAIT].exit_code, v.containers[WAIT].reason = 0, "Completed"
+        if WAIT in v.containers:
+            v.containers[WAIT].exit_code, v.containers[WAIT].reason = 0, "Completed"
         for c in mains:
             st = v.containers[c["name"]]
-            st.exit_code = self._procs[c["name"]].wait()
+            st.exit_code = _exit_code(self._procs[c["name"]].wait())
+            st.message = self._termination_message(c)
             st.ready = False
-        st = v.containers[main]
-        code = st.exit_code if st.exit_code is not None else -1
         v.ready = False
         v.finished_at = time.time()
+        if self.deleting:  # gone from the API once its containers have ended (see _run)
+            return
+        if main is None:
+            failed = any(v.containers[c["name"]].exit_code for c in mains)
+            v.phase = "Failed" if failed or self._stop_reason else "Succeeded"
+            v.reason = self._stop_reason
+            return
+        st = v.containers[main]
+        code = st.exit_code if st.exit_code is not None else -1
         if self._stop_reason:
             st.reason = self._stop_reason
             v.reason = self._stop_reason
@@ -504,9 +592,12 @@ class PodRun:
                 self._stop_containers([name])
                 return None
             time.sleep(0.05)
-        return proc.returncode
+        return _exit_code(proc.returncode)
 
     # ------------------------------------------------------------------ results
+    def logs(self, container: str | None = None) -> str:
+        return self.stdout(container) + self.stderr(container)
+
     def stdout(self, container: str | None = None) -> str:
         name = container or "main"
         path = self.dir / "containers" / name / "stdout"
@@ -523,13 +614,86 @@ class PodRun:
         real = os.path.normpath(path)
         candidates: list[tuple[str, Path]] = [
             ("/tmp", self.dir / "containers" / main["name"] / "tmp")]
+        vols = {v["name"]: v for v in self.spec.get("volumes") or []}
         for vm in main.get("volumeMounts") or []:
             candidates.append((os.path.normpath(vm["mountPath"]),
-                               self.dir / "volumes" / vm["name"]))
+                               self._volume_dir(vols.get(vm["name"], {"name": vm["name"]}))))
         for mount, src in sorted(candidates, key=lambda c: -len(c[0])):
             if real == mount or real.startswith(mount + "/"):
                 target = src / os.path.relpath(real, mount)
                 return target.read_text() if target.is_file() else None
         raise PodSpecError(f"output path {path!r} is outside the container's /tmp and its "
                            "volumes, where rehearse cannot read it")
+
+
+def _exit_code(rc: int | None) -> int | None:
+    """What the container runtime reports: a process killed by signal N exited 128+N."""
+    return None if rc is None else (128 - rc if rc < 0 else rc)
+
+
+def _go_duration(seconds: float) -> str:
+    """``time.Duration.String`` for whole seconds or milliseconds (``1m0s``, ``3s``)."""
+    ms = int(round(seconds * 1000))
+    if ms % 1000:
+        return f"{ms}ms" if ms < 1000 else f"{ms / 1000:g}s"
+    sec = ms // 1000
+    h, rest = divmod(sec, 3600)
+    m, sec = divmod(rest, 60)
+    if h:
+        return f"{h}h{m}m{sec}s"
+    if m:
+        return f"{m}m{sec}s"
+    return f"{sec}s"
+
+
+def valid_progress(text: str) -> bool:
+    """``Progress.IsValid`` (pkg/apis/workflow/v1alpha1/progress.go): ``N/M``, 0 <= N <= M, M > 0
+    (each part as Go's ``strconv.ParseInt``, an unparsable part being 0)."""
+    parts = text.split("/", 1)
+    if len(parts) != 2:
+        return False
+
+    def num(x: str) -> int:
+        return int(x) if re.fullmatch(r"\d+", x) else -1  # (stricter: digits only)
+    n, m = num(parts[0]), num(parts[1])
+    return 0 <= n <= m and m > 0
+
+
+class _ProgressMonitor:
+    """The wait container's ``monitorProgress`` (workflow/executor/executor.go): every file
+    tick the last line of ``ARGO_PROGRESS_FILE``, when it parses as ``N/M``, becomes the pending
+    progress; every patch tick the pending progress is reported (the task result the
+    controller reads, ``taskresult.go``) and cleared. Stops with the main container: a value
+    not yet reported then is lost, as with Argo."""
+
+    def __init__(self, pod: PodRun) -> None:
+        assert pod.ctx.progress_ticks is not None
+        self.pod = pod
+        self.patch_tick, self.file_tick = pod.ctx.progress_ticks
+        now = time.time()
+        self.next_patch, self.next_file = now + self.patch_tick, now + self.file_tick
+        self.last_line = ""
+        self.pending = ""
+
+    def tick(self, now: float) -> None:
+        if now >= self.next_patch:
+            self.next_patch = now + self.patch_tick
+            if self.pending:
+                self.pod.progress = self.pending
+                self.pending = ""
+                self.pod._changed()
+        if now >= self.next_file:
+            self.next_file = now + self.file_tick
+            path = self.pod.dir / "var-run-argo" / "progress"
+            try:
+                data = path.read_text(errors="replace")
+            except OSError:
+                return
+            lines = data.strip().split("\n")
+            recent = lines[-1].strip()
+            if not recent or recent == self.last_line:
+                return
+            self.last_line = recent
+            if valid_progress(recent):
+                self.pending = recent
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from typing import Any
 
 HOST_LABEL = "kubernetes.io/hostname"  # RETRY_HOST_NAME_LABEL_KEY's default
@@ -83,7 +84,11 @@ def add_hostnames_to_affinity(hosts: list[str], affinity: dict[str, Any] | None
 def build_pod_spec(tmpl: dict[str, Any], wf_spec: dict[str, Any], *, script: bool,
                    active_deadline: int | None, failed_hosts: list[str] | None
                    ) -> dict[str, Any]:
-    """The pod spec for one attempt of a container/script template (already substituted)."""
+    """The pod spec for one attempt of a container/script/resource template (already
+    substituted)."""
+    if "resource" in tmpl:
+        return _resource_pod_spec(tmpl, wf_spec, active_deadline=active_deadline,
+                                  failed_hosts=failed_hosts)
     if script:
         main = {k: v for k, v in tmpl["script"].items() if k != "source"}
     else:
@@ -105,6 +110,41 @@ def build_pod_spec(tmpl: dict[str, Any], wf_spec: dict[str, Any], *, script: boo
     for key in ("nodeSelector", "tolerations", "affinity", "serviceAccountName",
                 "automountServiceAccountToken", "terminationGracePeriodSeconds",
                 "priorityClassName", "schedulerName", "securityContext", "hostAliases"):
+        value = tmpl.get(key, wf_spec.get(key))
+        if value is not None:
+            spec[key] = copy.deepcopy(value)
+    if active_deadline is not None:
+        spec["activeDeadlineSeconds"] = active_deadline
+    for patch in (wf_spec.get("podSpecPatch"), tmpl.get("podSpecPatch")):
+        if patch:
+            spec = strategic_merge_patch(spec, _parse_patch(patch))
+    if failed_hosts:
+        spec["affinity"] = add_hostnames_to_affinity(failed_hosts, spec.get("affinity"))
+    return spec
+
+
+EXECUTOR_IMAGE = "quay.io/argoproj/argoexec:v4.0.5"
+TERMINATION_LOG = "/tmp/termination-log"  # Argo's is /dev/termination-log (see argoexec.py)
+
+
+def _resource_pod_spec(tmpl: dict[str, Any], wf_spec: dict[str, Any], *,
+                       active_deadline: int | None, failed_hosts: list[str] | None
+                       ) -> dict[str, Any]:
+    """``executeResource`` (operator.go): one container, ``main``, the executor running
+    ``argoexec resource ACTION`` with the template in ``ARGO_TEMPLATE``; no ``wait`` container
+    (createWorkflowPod adds none for resource templates). Here the executor is
+    ``aegis_flow.argo.rehearse.argoexec``."""
+    simplified = {k: v for k, v in tmpl.items() if k != "inputs"}
+    main = {"name": "main", "image": EXECUTOR_IMAGE,
+            "command": [sys.executable, "-m", "aegis_flow.argo.rehearse.argoexec", "resource",
+                        str(tmpl["resource"].get("action", ""))],
+            "env": [{"name": "ARGO_CONTAINER_NAME", "value": "main"},
+                    {"name": "ARGO_TEMPLATE", "value": json.dumps(simplified,
+                                                                  separators=(",", ":"))}],
+            "terminationMessagePath": TERMINATION_LOG}
+    spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [main], "volumes": []}
+    for key in ("nodeSelector", "tolerations", "affinity", "serviceAccountName",
+                "automountServiceAccountToken", "terminationGracePeriodSeconds"):
         value = tmpl.get(key, wf_spec.get(key))
         if value is not None:
             spec[key] = copy.deepcopy(value)

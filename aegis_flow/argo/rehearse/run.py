@@ -5,8 +5,11 @@ fake nodes (``cluster.NodeStore``), the namespace's Secrets (files under the wor
 service-account tokens and the nodes API stand-in (``kubeapi.NodesApiServer`` on the cluster
 network at 198.18.0.1:6443, what ``kubernetes.default.svc`` would be), and the aegis image
 stand-in (``/opt/aegis/aegis-supervisor.pyz`` built from this checkout when a template names
-it) — then runs ``controller.Operator`` to the end and tears everything down (every process
-in the rehearsal's namespaces is killed, every namespace deleted).
+it), the namespaced objects (``objects.ObjectStore``: Services with a working ClusterIP,
+served by the same API stand-in) and the scenario's own objects and faults (``scene``) — then
+runs ``controller.Operator`` to the end and tears everything down (every Service, proxy thread
+and address removed, every process in the rehearsal's namespaces killed, every namespace
+deleted).
 
 Side effects: all of the above; the work directory is removed unless ``keep`` is set.
 """
@@ -15,13 +18,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
+import re
 import shutil
 import string
+import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +36,15 @@ import yaml
 from aegis_flow.argo.rehearse import netns
 from aegis_flow.argo.rehearse.cluster import NodeStore
 from aegis_flow.argo.rehearse.controller import Operator
+from aegis_flow.argo.rehearse.kubeapi import Grant
+from aegis_flow.argo.rehearse.objects import ObjectStore
 from aegis_flow.argo.rehearse.pods import PodContext
 from aegis_flow.argo.rehearse.scenario import Scenario
-from aegis_flow.argo.rehearse.spec import Unsupported, check_workflow
+from aegis_flow.argo.rehearse.scene import Faults, ObjectError, ObjectPods
+from aegis_flow.argo.rehearse.spec import Unsupported, check_workflow, check_workflow_template
 
 API_PORT = 6443
+OBJECTS_READY_TIMEOUT = 120.0  # seconds the scenario's object Pods have to become ready
 
 
 class RehearseError(Exception):
@@ -49,6 +59,8 @@ class Result:
     api_calls: list[Any]
     nodes_after: list[dict[str, Any]]
     pod_specs: dict[str, dict[str, Any]]  # node id -> the pod spec it ran with
+    faults: list[dict[str, Any]] = field(default_factory=list)  # the scenario faults fired
+    services: list[dict[str, Any]] = field(default_factory=list)  # Services at the end
 
     @property
     def phase(self) -> str:
@@ -83,6 +95,44 @@ def load_workflow(path: str) -> dict[str, Any]:
     except Unsupported as exc:
         raise RehearseError(f"{path}: {exc}") from None
     return dict(wf)
+
+
+def load_templates(path: str) -> list[dict[str, Any]]:
+    """``--templates FILE``: the WorkflowTemplates in a (multi-document) YAML file."""
+    from aegis_flow.argo.rehearse.scenario import ScenarioError, load_manifests
+
+    try:
+        docs = load_manifests(path)
+    except ScenarioError as exc:
+        raise RehearseError(str(exc)) from None
+    if not docs:
+        raise RehearseError(f"{path}: no WorkflowTemplate in it")
+    return docs
+
+
+def workflow_templates(manifests: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Name -> manifest, each checked like a Workflow's templates (a later one of the same
+    name replaces an earlier one, as ``kubectl apply`` would)."""
+    out: dict[str, dict[str, Any]] = {}
+    for i, wt in enumerate(manifests):
+        try:
+            name = check_workflow_template(wt, f"WorkflowTemplate #{i + 1}")
+        except Unsupported as exc:
+            raise RehearseError(str(exc)) from None
+        out[name] = json.loads(json.dumps(wt))
+    return out
+
+
+def _template_refs(docs: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The WorkflowTemplate names the steps and tasks of these documents refer to."""
+    out: set[str] = set()
+    for doc in docs:
+        for t in (doc.get("spec") or {}).get("templates") or []:
+            calls = [s for group in t.get("steps") or [] for s in group or []]
+            calls += list((t.get("dag") or {}).get("tasks") or [])
+            out.update(str(c["templateRef"].get("name")) for c in calls
+                       if isinstance(c, dict) and c.get("templateRef"))
+    return out
 
 
 def apply_parameters(wf: dict[str, Any], params: Mapping[str, str]) -> dict[str, Any]:
@@ -129,16 +179,45 @@ def _write_secrets(root: Path, secrets: Mapping[str, Mapping[str, str]], extra: 
 
 @contextlib.contextmanager
 def _api_server(net: netns.Network, store: NodeStore, workdir: Path,
-                tokens: Mapping[str, set[str]]) -> Iterator[Any]:
+                tokens: Mapping[str, Any], objects: ObjectStore | None = None
+                ) -> Iterator[Any]:
     from aegis_flow.argo.rehearse.kubeapi import NodesApiServer
 
     server = NodesApiServer(store, host=netns.HUB_ADDR, port=API_PORT, tokens=dict(tokens),
-                            cert_dir=workdir / "api")
+                            cert_dir=workdir / "api", namespaced=objects)
     netns.in_netns(net.hub, server.start)
     try:
         yield server
     finally:
         server.stop()
+
+
+def run_operator(command: tuple[str, ...], *, hub: str, fill: dict[str, str],
+                 cluster_ip: Callable[[str, str], str], path: str,
+                 timeout: float = 60.0) -> dict[str, Any]:
+    """Run ``command`` in the hub namespace (the cluster network, as an operator with
+    ``kubectl port-forward`` would), its ``{…}`` fields filled in; the exit code and the tail
+    of its output."""
+    def one(arg: str) -> str:
+        def svc(m: re.Match[str]) -> str:
+            name, _, ns = m.group(1).partition(".")
+            return cluster_ip(ns or fill["namespace"], name)
+
+        arg = re.sub(r"\{svc:([a-z0-9.-]+)\}", svc, arg)
+        for key, value in fill.items():
+            arg = arg.replace("{" + key + "}", value)
+        return arg
+
+    try:
+        argv = [one(a) for a in command]
+    except Exception as exc:  # noqa: BLE001 - an unknown Service: said in the record
+        return {"rc": None, "output": f"cannot fill in {list(command)}: {exc}"}
+    try:
+        done = subprocess.run(["ip", "netns", "exec", hub, *argv], capture_output=True,
+                              text=True, timeout=timeout, env={**os.environ, "PATH": path})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"rc": None, "output": str(exc), "argv": argv}
+    return {"rc": done.returncode, "output": (done.stdout + done.stderr)[-2000:], "argv": argv}
 
 
 def _image_mounts(wf: Mapping[str, Any], workdir: Path) -> tuple[tuple[str, str], ...]:
@@ -157,10 +236,18 @@ def rehearse(wf: dict[str, Any], *, scenario: Scenario | None = None,
              keep: Path | None = None, timeout: float | None = None,
              on_event: Callable[[str], None] = lambda s: None,
              grace_cap: float | None = 10.0,
-             until: Callable[[], str | None] | None = None) -> Result:
+             until: Callable[[], str | None] | None = None,
+             templates: Sequence[Mapping[str, Any]] = ()) -> Result:
     """Run ``wf`` to the end (or until ``until()`` returns a reason to stop: a caller that has
-    seen what it waited for); the returned status has Argo's field names."""
+    seen what it waited for); the returned status has Argo's field names. ``templates`` are
+    WorkflowTemplates for ``templateRef`` (after the scenario's; the same name replaces)."""
     sc = scenario or Scenario()
+    wts = workflow_templates([*sc.workflow_templates, *templates])
+    missing = sorted(_template_refs([wf, *wts.values()]) - set(wts))
+    if missing:  # Argo's validation refuses the workflow at submission
+        raise RehearseError(f"templateRef names WorkflowTemplate {', '.join(missing)}, which "
+                            "was not given (--templates FILE, or the scenario's "
+                            "workflowTemplates)")
     why = netns.why_unavailable()
     if why is not None:
         raise RehearseError(f"cannot rehearse here: {why}")
@@ -173,21 +260,30 @@ def rehearse(wf: dict[str, Any], *, scenario: Scenario | None = None,
     netns.remove_stale()
     net = netns.Network()
     store = NodeStore.from_specs(sc.nodes)
+    objects = ObjectStore(hub=net.hub, in_netns=netns.in_netns)
+    objects.log = on_event
+    scene: ObjectPods | None = None
     try:
         net.create()
         secrets = _write_secrets(workdir / "secrets", sc.secrets, secrets_dir)
-        tokens: dict[str, set[str]] = {}
+        tokens: dict[str, Grant] = {}
         sa_dirs: dict[str, Path] = {}
         for sa in {*sc.rbac, str(wf["spec"].get("serviceAccountName") or "default"),
                    *(str(t.get("serviceAccountName")) for t in wf["spec"]["templates"]
-                     if t.get("serviceAccountName"))}:
+                     if t.get("serviceAccountName")),
+                   *(str((o.get("spec") or {}).get("serviceAccountName") or "default")
+                     for o in sc.objects if o.get("kind") == "Pod")}:
             token = f"sa-{sa}-" + "".join(random.choices(string.ascii_letters, k=24))
-            tokens[token] = set(sc.rbac.get(sa, ()))
+            rules = sc.rbac.get(sa, {})
+            tokens[token] = Grant(f"system:serviceaccount:{namespace}:{sa}",
+                                  frozenset(rules.get("nodes", ())),
+                                  frozenset((r, v) for r, verbs in rules.items()
+                                            if r != "nodes" for v in verbs))
             sa_dirs[sa] = workdir / "sa" / sa
             sa_dirs[sa].mkdir(parents=True, exist_ok=True)
             (sa_dirs[sa] / "token").write_text(token)
             (sa_dirs[sa] / "namespace").write_text(namespace)
-        with _api_server(net, store, workdir, tokens) as api:
+        with _api_server(net, store, workdir, tokens, objects) as api:
             for d in sa_dirs.values():
                 shutil.copy(workdir / "api" / "ca.crt", d / "ca.crt")
             venv_bin = str(Path(sys.executable).parent)
@@ -199,18 +295,40 @@ def rehearse(wf: dict[str, Any], *, scenario: Scenario | None = None,
                          "KUBERNETES_SERVICE_PORT": str(API_PORT)},
                 image_mounts=_image_mounts(wf, workdir), grace_cap=grace_cap,
                 sa_dirs={k: str(v) for k, v in sa_dirs.items()},
-                image_workdirs={k: v["workingDir"] for k, v in sc.images.items()})
+                image_workdirs={k: v["workingDir"] for k, v in sc.images.items()},
+                service_hosts=objects.hosts_lines, progress_ticks=sc.progress_ticks)
 
             def hook(node_name: str, node: dict[str, Any], spec: dict[str, Any]
                      ) -> dict[str, Any]:
-                rule = sc.rule_for(node_name, node.get("templateName", ""))
+                rule = sc.rule_for(node_name, node.get("templateName", ""),
+                                   node.get("hostNodeName"))
                 return rule.apply(spec) if rule is not None else spec
 
             op = Operator(wf, name=name, namespace=namespace, cluster=store, net=net, ctx=ctx,
-                          pod_hook=hook, log=on_event)
+                          pod_hook=hook, log=on_event, workflow_templates=wts)
+            objects.pod_sources.append(lambda: list(op.pods.values()))
+            if sc.objects:
+                scene = ObjectPods(sc.objects, store=objects, nodes=store.list, used=op.used,
+                                   ctx=ctx, net=net, log=on_event)
+                objects.pod_sources.append(scene.sources)
+                try:
+                    scene.start()
+                    scene.wait_ready(min(OBJECTS_READY_TIMEOUT, sc.timeout))
+                except ObjectError as exc:
+                    raise RehearseError(str(exc)) from None
+            def operator(command: tuple[str, ...]) -> dict[str, Any]:
+                """An operator's command (``exec`` faults), from the cluster network."""
+                return run_operator(command, hub=net.hub, fill={
+                    "workflow": name, "namespace": namespace, "secrets": str(secrets)},
+                    cluster_ip=lambda ns, svc: objects.get("services", ns, svc)["spec"][
+                        "clusterIP"], path=ctx.base_path)
+
+            faults = Faults(sc.faults, on_event, operator=operator)
             seen: dict[str, tuple[str, str]] = {}
 
             def progress(o: Operator) -> None:
+                if faults.pending:
+                    faults.check(o.pods, o.nodes, o.wake.set)
                 for n in list(o.nodes.values()):
                     if n["type"] in ("StepGroup",):
                         continue
@@ -222,14 +340,23 @@ def rehearse(wf: dict[str, Any], *, scenario: Scenario | None = None,
 
             status = op.run(timeout=timeout if timeout is not None else sc.timeout,
                             progress=progress, until=until)
+            faults.join()
             calls = list(getattr(api, "calls", []))
+            services = objects.items_all("services")
+        for key in objects.owned_by(op.uid):  # the workflow goes: garbage collection
+            with contextlib.suppress(Exception):
+                objects.delete(*key)
         return Result(name=name, status=status, workdir=None if made_tmp else workdir,
-                      api_calls=calls, nodes_after=store.list(), pod_specs=dict(op.pod_specs))
+                      api_calls=calls, nodes_after=store.list(), pod_specs=dict(op.pod_specs),
+                      faults=list(faults.fired), services=services)
     finally:
+        if scene is not None:
+            scene.stop()
+        objects.close()
         net.destroy()
         if made_tmp:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-__all__ = ["RehearseError", "Result", "apply_parameters", "load_workflow", "rehearse",
-           "workflow_name"]
+__all__ = ["RehearseError", "Result", "apply_parameters", "load_templates", "load_workflow",
+           "rehearse", "workflow_name", "workflow_templates"]

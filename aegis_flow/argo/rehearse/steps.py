@@ -95,6 +95,13 @@ class StepsMixin(OperatorBase):
         node = self.nodes[nid]
         if node["type"] in ("Skipped", "Suspend", "Pod"):
             return [nid]
+        if node["type"] == "TaskGroup":
+            if not node.get("children"):
+                return [nid]
+            group: list[str] = []
+            for kid in node["children"]:
+                group.extend(self.outbound(kid))
+            return group
         if node["type"] == "Retry":
             kids = node.get("children") or []
             if kids:
@@ -396,7 +403,8 @@ class StepsMixin(OperatorBase):
             raise NodeErr(str(exc)) from None
         clean = desc.replace("(", "").replace(")", "")
         new["name"] = f"{step['name']}({index}:{clean})"
-        new["template"] = step.get("template")
+        if "template" in step:
+            new["template"] = step["template"]
         return dict(new)
 
     # ------------------------------------------------------------------ pods

@@ -3,11 +3,18 @@
 Before training it appends where it was told to rendezvous to ``/tmp/rendezvous.log`` (the
 container's own /tmp), and after ``init_process_group`` returns, that it joined: the B2
 rehearsal reads both.
+
+``$FAULT=KIND:RANK:SECONDS`` makes rank RANK fail SECONDS after it joined (the scenarios of
+tests/test_argo_scenarios.py): ``crash`` once per container (an in-place restart does not
+crash again), ``crash-always`` every time, ``xid`` in the pod's first container only
+(``$AEGIS_POD_RETRY`` 0), printing the driver's "GPU has fallen off the bus" line first, as
+a node whose GPU is lost would.
 """
 
 import os
 import runpy
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,9 +32,38 @@ import torch.distributed as dist  # noqa: E402
 _init = dist.init_process_group
 
 
+def _fail(kind: str) -> None:
+    if kind == "xid":
+        print("NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus.",
+              file=sys.stderr, flush=True)
+    else:
+        print(f"rank {os.environ.get('RANK')}: injected crash", file=sys.stderr, flush=True)
+    note(f"fault {kind}")
+    os._exit(1)
+
+
+def _arm() -> None:
+    spec = os.environ.get("FAULT", "")
+    if not spec:
+        return
+    kind, rank, seconds = spec.split(":")
+    if os.environ.get("RANK") != rank:
+        return
+    marker = Path("/tmp/fault-fired")
+    if kind == "crash" and marker.exists():
+        return
+    if kind == "xid" and os.environ.get("AEGIS_POD_RETRY", "0") != "0":
+        return
+    marker.write_text(kind)
+    timer = threading.Timer(float(seconds), _fail, args=(kind,))
+    timer.daemon = True
+    timer.start()
+
+
 def _joined(*args, **kwargs):  # type: ignore[no-untyped-def]
     out = _init(*args, **kwargs)
     note("joined")
+    _arm()
     return out
 
 

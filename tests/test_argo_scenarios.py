@@ -1,0 +1,293 @@
+"""The rendered training workflow, through the faults that decide real outcomes, on the local
+Argo executor (``aegis-flow rehearse``) with the real stack.
+
+Every scenario renders ``workflows/training.yaml``'s shape for a 2-rank job (8 GPUs per rank,
+a shared checkpoint claim) and runs it on a seven-node cluster (``tests/argo_scenarios``):
+Argo's controller rules as v4.0.5 implements them, pods as real processes in their own network
+namespaces, the cluster NATS of ``aegis-flow install`` as a Pod behind a Service, this
+checkout's master, worker-init and supervisor, and ``examples/train_ddp.py`` training with
+gloo. Each asserts the workflow's phase, the node tree, the master's decision (its output
+parameters and its log) and the nodes' labels.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from aegis_flow.argo.rehearse import netns, scenario
+from aegis_flow.argo.rehearse.run import Result, rehearse
+from aegis_flow.jobspec import JobSpec
+from aegis_flow.workflow import render
+
+HERE = Path(__file__).parent
+STACK = HERE / "argo_scenarios" / "_stack.yaml"
+FAKE_NVML = HERE / "fixtures" / "fake_nvml"
+NATS_SERVER = Path(sys.executable).parent / "nats-server"
+QUARANTINED = "aegis.io/quarantined"
+_WHY = netns.why_unavailable()
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(_WHY is not None, reason=f"rehearse needs namespaces: {_WHY}"),
+]
+
+JOB = JobSpec(
+    name="llm", image="registry.example.com/team/train:1.0",
+    command=("python3", "train.py", "--steps", "120", "--step-time", "0.1",
+             "--checkpoint-every", "10"),
+    workers=2, gpus_per_worker=8, max_retry=3, checkpoint_claim="llm-checkpoints",
+    tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
+    connect_timeout=120, replace_timeout=120)
+
+
+def workflow(**changes: Any) -> dict[str, Any]:
+    return render(JOB.model_copy(update=changes))
+
+
+def secrets(tmp: Path) -> Path:
+    """The Secrets `aegis-flow install --create-secrets` makes: the NATS operator keys with
+    the server's config, and the bootstrap token."""
+    from aegis_flow.security.cli import MASTER_FILES
+    from aegis_flow.security.operator import bootstrap
+
+    auth = bootstrap(tmp / "auth")
+    auth.write_server_config(None)
+    out = tmp / "secrets"
+    (out / "aegis-auth").mkdir(parents=True)
+    for name in (*MASTER_FILES, "nats.conf"):
+        (out / "aegis-auth" / name).write_bytes((tmp / "auth" / name).read_bytes())
+    (out / "aegis-bootstrap").mkdir()
+    (out / "aegis-bootstrap" / "token").write_text("scenario-token-0123456789abcdef")
+    return out
+
+
+def stack(tmp: Path, *, pods: list[dict[str, Any]] = (), faults: list[dict[str, Any]] = (),
+          parameters: dict[str, str] | None = None, env: dict[str, str] | None = None
+          ) -> scenario.Scenario:
+    """The cluster of ``_stack.yaml`` with this machine's paths, plus the scenario's pods
+    rules (first, so they win), faults, parameters and worker env."""
+    doc = yaml.safe_load(STACK.read_text())
+    doc["include"] = str((STACK.parent / doc["include"]).resolve())
+    doc["images"] = {k: {"workingDir": str((STACK.parent / v["workingDir"]).resolve())}
+                     for k, v in doc["images"].items()}
+    doc["objects"][0]["spec"]["containers"][0]["command"] = [str(NATS_SERVER)]
+    base = {"PYTHONPATH": str(FAKE_NVML), "FAKE_NVML_GPUS": "8", **(env or {})}
+    doc["pods"] = [{**rule, "env": {**base, **rule.get("env", {})}} for rule in pods] + [
+        {"template": "worker", "env": base}]
+    if faults:
+        doc["faults"] = list(faults)
+    if parameters:
+        doc["parameters"] = parameters
+    path = tmp / "scenario.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return scenario.load(str(path))
+
+
+PICTURES = HERE.parent / "docs" / "scenarios"
+
+
+def run(tmp: Path, sc: scenario.Scenario, wf: dict[str, Any] | None = None, *,
+        picture: str = "") -> Result:
+    """Rehearse; with ``$AEGIS_WRITE_PICTURES`` set, also write what the Argo UI would show
+    (the node tree as ``argo get`` prints it, and the graph) to docs/scenarios/PICTURE.*."""
+    import os
+
+    from aegis_flow.argo.rehearse import view
+
+    r = rehearse(wf or workflow(), scenario=sc, secrets_dir=secrets(tmp), keep=tmp / "run",
+                 timeout=240)
+    if picture and os.environ.get("AEGIS_WRITE_PICTURES"):
+        PICTURES.mkdir(exist_ok=True)
+        (PICTURES / f"{picture}.txt").write_text(view.tree_text(r.name, r.status))
+        view.write_svg(r.name, r.status, PICTURES / f"{picture}.svg")
+    return r
+
+
+def outputs(node: dict[str, Any]) -> dict[str, str]:
+    return {p["name"]: p.get("value", "") for p in (node.get("outputs") or {}).get(
+        "parameters", [])}
+
+
+def pods_of(r: Result, prefix: str) -> list[dict[str, Any]]:
+    return sorted((n for n in r.status["nodes"].values()
+                   if n["type"] == "Pod" and n["displayName"].startswith(prefix)),
+                  key=lambda n: n["displayName"])
+
+
+def master_log(tmp: Path) -> str:
+    return "\n".join(p.read_text() for p in sorted(
+        (tmp / "run" / "pods").glob("*-master-*/containers/main/stderr")))
+
+
+def labelled(r: Result) -> set[str]:
+    return {n["metadata"]["name"] for n in r.nodes_after
+            if QUARANTINED in (n["metadata"].get("labels") or {})}
+
+
+def skipped(r: Result, name: str) -> str:
+    n = r.node(name)
+    assert n["phase"] == "Skipped", n
+    return str(n.get("message", ""))
+
+
+def assert_succeeded_clean(r: Result) -> dict[str, str]:
+    assert r.phase == "Succeeded", r.status.get("message")
+    for name in ("master-service", "master"):
+        assert r.node(name)["phase"] == "Succeeded"
+    decision = outputs(r.node("master"))
+    assert decision["verdict"] == "succeeded"
+    assert skipped(r, "give-up").startswith("when ")
+    return decision
+
+
+def test_a_clean_run_of_two_ranks(tmp_path: Path) -> None:
+    r = run(tmp_path, stack(tmp_path), picture="clean")
+    decision = assert_succeeded_clean(r)
+    assert decision["quarantined"] == "[]"
+    assert "restarted 0 times" in decision["message"]
+    assert skipped(r, "quarantine") == "Skipped, empty params"
+    assert [p["phase"] for p in pods_of(r, "run(")] == ["Succeeded", "Succeeded"]
+    assert [p["displayName"] for p in pods_of(r, "master(")] == ["master(0)"]
+    assert "T2: every check passed; run" in master_log(tmp_path)
+    assert labelled(r) == set()
+
+
+def test_a_crash_is_recovered_in_place(tmp_path: Path) -> None:
+    r = run(tmp_path, stack(tmp_path, env={"FAULT": "crash:1:4"}), picture="in-place")
+    decision = assert_succeeded_clean(r)
+    assert "restarted 1 times" in decision["message"], decision
+    # in place: the same two pods from start to end, none recreated
+    assert [p["displayName"] for p in pods_of(r, "run(")] == ["run(0:0)(0)", "run(1:1)(0)"]
+    assert r.node("master(0)").get("progress") in ("1/3", "1/1")
+    assert labelled(r) == set()
+
+
+def test_a_gpu_lost_after_training_for_a_while_moves_only_that_pod(tmp_path: Path) -> None:
+    """The old workflow's maxDuration (review B3; 2 min, scaled to 6 s in
+    test_rehearse_7d0199d) would have refused this retry: rank 1 fails 8 s into training."""
+    r = run(tmp_path, stack(tmp_path, env={"FAULT": "xid:1:8"}), picture="hardware-fault")
+    decision = assert_succeeded_clean(r)
+    first, second = pods_of(r, "run(1:1)")
+    assert (first["phase"], first["message"]) == ("Failed", "main: Error (exit code 70)")
+    assert second["phase"] == "Succeeded"
+    assert second["hostNodeName"] != first["hostNodeName"]
+    bad = first["hostNodeName"]
+    assert decision["quarantined"] == f'["{bad}"]'
+    assert labelled(r) == {bad}
+    assert r.node(f"quarantine(0:{bad})")["phase"] == "Succeeded"
+    assert [p["displayName"] for p in pods_of(r, "run(0:0)")] == ["run(0:0)(0)"]
+
+
+def test_a_node_that_fails_the_bootcheck_is_quarantined_and_the_rank_moves(
+        tmp_path: Path) -> None:
+    """Rank 1's first node has lost its GPUs (NVML sees none of the 8 it asked for)."""
+    sc = stack(tmp_path, pods=[{"template": "worker", "host": "gpu-1",
+                                "env": {"FAKE_NVML_GPUS": "0"}}])
+    r = run(tmp_path, sc, picture="bootcheck-node-fault")
+    decision = assert_succeeded_clean(r)
+    broken = [p for p in pods_of(r, "run(") if p["hostNodeName"] == "gpu-1"]
+    assert len(broken) == 1 and broken[0]["message"] == "main: Error (exit code 70)"
+    assert decision["quarantined"] == '["gpu-1"]'
+    assert labelled(r) == {"gpu-1"}
+    assert "T3" in master_log(tmp_path)
+
+
+def test_retries_exhausted_give_up_with_the_masters_reason(tmp_path: Path) -> None:
+    r = run(tmp_path, stack(tmp_path, env={"FAULT": "crash-always:1:3"},
+                            parameters={"max-retry": "1"}), picture="retries-exhausted")
+    assert r.phase == "Failed"
+    assert r.node("master")["phase"] == "Succeeded"  # it decided
+    decision = outputs(r.node("master"))
+    assert decision["verdict"] == "failed", decision
+    give_up = r.node("give-up")
+    assert give_up["phase"] == "Failed"
+    assert give_up["message"].startswith("main: Error (exit code 1): the job ended failed: "), \
+        give_up  # the master's one-line reason, as the termination message
+    assert labelled(r) == set()
+
+
+def test_the_master_pod_killed_mid_run_comes_back_and_resumes(tmp_path: Path) -> None:
+    """The master pod is killed once training runs; Argo recreates it (the step's
+    retryStrategy), the Service follows the new pod, and it resumes from the status it
+    stored in the cluster NATS. The ranks train on meanwhile: no rank is restarted."""
+    sc = stack(tmp_path, faults=[{"template": "master", "when-log": "T2: every check passed",
+                                  "action": "kill"}])
+    r = run(tmp_path, sc, picture="master-killed")
+    decision = assert_succeeded_clean(r)
+    first, second = pods_of(r, "master(")
+    assert (first["phase"], first["message"]) == ("Failed", "main: Error (exit code 137)")
+    assert second["phase"] == "Succeeded"
+    assert "resumed from stored status: RunCommand" in master_log(tmp_path)
+    assert "restarted 0 times" in decision["message"]
+    assert [p["displayName"] for p in pods_of(r, "run(")] == ["run(0:0)(0)", "run(1:1)(0)"]
+
+
+def test_a_deleted_worker_pod_is_recreated_and_the_job_recovers(tmp_path: Path) -> None:
+    sc = stack(tmp_path, faults=[{"template": "worker", "match": "*run(1:1)*",
+                                  "when-log": "AEGIS_FIRST_STEP", "action": "delete-pod"}])
+    r = run(tmp_path, sc, picture="pod-deleted")
+    decision = assert_succeeded_clean(r)
+    first, second = pods_of(r, "run(1:1)")
+    assert first["phase"] == "Error" and "deleted" in first["message"], first
+    assert second["phase"] == "Succeeded"
+    assert decision["quarantined"] == "[]"
+    assert [p["displayName"] for p in pods_of(r, "run(0:0)")] == ["run(0:0)(0)"]
+
+
+def test_a_worker_pod_cannot_patch_nodes(tmp_path: Path) -> None:
+    """W2 on the current workflow: the user's code in a worker pod tries to quarantine gpu-5
+    with the pod's own service-account token (the executor account): 403, the node untouched.
+    Stand-ins for the master (it decides at once) and the training: no NATS traffic needed."""
+    decide = ("mkdir -p /tmp/www /tmp/aegis/decision && echo ok > /tmp/www/readyz && "
+              "printf succeeded > /tmp/aegis/decision/verdict && "
+              "printf '[]' > /tmp/aegis/decision/quarantined && "
+              "printf 'job Succeed' > /tmp/aegis/decision/message && cd /tmp/www && "
+              "(python3 -m http.server 9464 & sleep 8; kill $!)")
+    grab = "aegis-flow nodes quarantine gpu-5 --reason takeover --by user-code; true"
+    sc = stack(tmp_path, pods=[
+        {"template": "master", "containers": {"main": {"command": ["sh", "-c", decide],
+                                                        "args": []}}},
+        {"template": "worker", "containers": {
+            "aegis-worker-init": {"command": ["true"], "args": []},
+            "main": {"command": ["sh", "-c", grab], "args": []}}}])
+    r = run(tmp_path, sc)
+    assert r.phase == "Succeeded", r.status.get("message")
+    assert any(c.status == 403 for c in r.api_calls)
+    assert labelled(r) == set()
+    accounts = {spec.get("serviceAccountName") for spec in r.pod_specs.values()}
+    assert accounts == {"aegis-flow", "aegis-flow-executor"}
+    for nid, spec in r.pod_specs.items():
+        template = r.status["nodes"][nid].get("templateName")
+        assert (spec.get("serviceAccountName") == "aegis-flow") is (
+            template in ("master", "master-service", "quarantine")), template
+
+
+def test_aegis_flow_stop_ends_the_job_stopped(tmp_path: Path) -> None:
+    """An operator runs `aegis-flow stop` against the cluster NATS (from the cluster network,
+    as through `kubectl port-forward`) with the aegis-auth Secret's keys, once rank 0 has
+    trained 30 steps: every rank quits (74), the master decides `stopped`, give-up fails the
+    workflow with the reason."""
+    stop = ["aegis-flow", "stop", "{workflow}", "--namespace", "default",
+            "--nats-url", "nats://{svc:aegis-nats.default}:4222",
+            "--auth-dir", "{secrets}/aegis-auth", "--reason", "maintenance window"]
+    sc = stack(tmp_path, faults=[{"template": "worker", "match": "*run(0:0)*",
+                                  "when-log": "step 30 ", "action": "exec",
+                                  "command": stop}])
+    r = run(tmp_path, sc, picture="stopped")
+    (fired,) = r.faults
+    assert fired["rc"] == 0, fired
+    assert r.phase == "Failed"
+    assert r.node("master")["phase"] == "Succeeded"
+    decision = outputs(r.node("master"))
+    assert decision["verdict"] == "stopped", decision
+    assert "maintenance window" in decision["message"]
+    give_up = r.node("give-up")
+    assert give_up["phase"] == "Failed", give_up
+    assert "the job ended stopped: " in give_up["message"], give_up
+    assert "maintenance window" in give_up["message"]
+    assert {p["message"] for p in pods_of(r, "run(")} == {"main: Error (exit code 74)"}
+    assert labelled(r) == set()
