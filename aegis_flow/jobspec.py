@@ -11,7 +11,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 # a Kubernetes object name (RFC 1123 label); Workflow names get a generated suffix, so keep room
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -128,7 +136,10 @@ class JobSpec(BaseModel):
     python: str = "python3"
     metrics_port: int = 9464  # the master's /metrics, /healthz, /readyz
     grpc_port: int = 50051  # the master's SyncWorkerCreds
-    bootstrap_secret: str = "aegis-bootstrap"  # Secret, key "token": the job's bootstrap token
+    # the Secret (key "token") with the bootstrap token the ranks buy their NATS credentials
+    # with; empty: one per workflow, <workflow>-bootstrap, made by its first step and deleted
+    # with it (aegis_flow/k8s/token.py); a name: that Secret, shared by every job using it
+    bootstrap_secret: str = ""
     auth_secret: str = "aegis-auth"  # Secret: the master's NATS auth dir (nats.conf, seeds)
     # TLS for SyncWorkerCreds (empty: plaintext gRPC inside the cluster network). A Secret with
     # tls.crt + tls.key (the master's certificate) and ca.crt (the CA that signed it; workers
@@ -160,7 +171,9 @@ class JobSpec(BaseModel):
     @field_validator("name", "namespace", "service_account", "executor_service_account",
                      "bootstrap_secret", "auth_secret")
     @classmethod
-    def _dns_label(cls, v: str) -> str:
+    def _dns_label(cls, v: str, info: ValidationInfo) -> str:
+        if info.field_name == "bootstrap_secret" and v == "":
+            return v  # one per workflow
         if not _DNS_LABEL.match(v) or len(v) > 52:
             fixed = re.sub(r"[^a-z0-9-]+", "-", v.lower()).strip("-")[:52] or "aegis-job"
             raise ValueError(f"{v!r} is not a valid Kubernetes name: use lower-case letters, "
@@ -311,6 +324,11 @@ class JobSpec(BaseModel):
                 "grpc_tls_secret: give the Secret with the master's certificate "
                 "(--grpc-tls-secret NAME), or drop the name")
         return self
+
+    @property
+    def bootstrap_secret_name(self) -> str:
+        """The Secret the master and worker-init read the token from."""
+        return self.bootstrap_secret or "{{workflow.name}}-bootstrap"
 
     @property
     def cluster_nats_url(self) -> str:

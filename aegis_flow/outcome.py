@@ -1,11 +1,12 @@
 """The outcome files a worker pod leaves for the workflow (DESIGN.md §5).
 
-The worker supervisor writes its outcome word to ``<dir>/outcome`` and its node name to
-``<dir>/node`` when it exits; the worker template exposes them as the output parameters
-``outcome`` and ``node``, and the ``verdict`` step's ``when`` guards read what they reduce to.
+The worker supervisor writes its outcome word to ``<dir>/outcome``, its node name to
+``<dir>/node`` and how often it restarted the command in place to ``<dir>/restarts`` when it
+exits; the worker template exposes them as output parameters, which the Argo UI shows on each
+rank's pod (the job's ending is the master's decision, not a reduction of these).
 
 Standard library only (plus the core's ``ExitCode``): it is part of the supervisor bundle.
-Side effects: only :func:`write_outcome`, which writes the two files atomically (a temporary
+Side effects: only :func:`write_outcome`, which writes the files atomically (a temporary
 file in the same directory, fsync, ``os.replace``), so Argo never reads half a word.
 """
 
@@ -17,9 +18,10 @@ import tempfile
 from aegis_flow.master.model import ExitCode
 
 OUTCOME_DIR = "/tmp/aegis"
-OUTCOME_NAME, NODE_NAME = "outcome", "node"
+OUTCOME_NAME, NODE_NAME, RESTARTS_NAME = "outcome", "node", "restarts"
 OUTCOME_FILE = f"{OUTCOME_DIR}/{OUTCOME_NAME}"
 NODE_FILE = f"{OUTCOME_DIR}/{NODE_NAME}"
+RESTARTS_FILE = f"{OUTCOME_DIR}/{RESTARTS_NAME}"  # in-place restarts of the command in the pod
 UNKNOWN = "unknown"  # the default when the pod left no file (it was lost, evicted, killed)
 
 # exit code -> outcome word written by the worker pod (any other code: "failed")
@@ -62,13 +64,15 @@ def _write_atomic(path: str, text: str) -> None:
         raise
 
 
-def write_outcome(directory: str, code: int, node: str) -> str:
-    """Write ``outcome`` and ``node`` into ``directory`` (created if missing); return the word.
+def write_outcome(directory: str, code: int, node: str, restarts: int = 0) -> str:
+    """Write ``outcome``, ``node`` and ``restarts`` (how often the command was restarted in
+    place in this pod) into ``directory`` (created if missing); return the word.
 
-    The node file is written first: a reader that sees an outcome also sees its node.
+    The outcome file is written last: a reader that sees an outcome also sees the others.
     """
     os.makedirs(directory, exist_ok=True)
     word = outcome_of(code)
     _write_atomic(os.path.join(directory, NODE_NAME), node)
+    _write_atomic(os.path.join(directory, RESTARTS_NAME), str(restarts))
     _write_atomic(os.path.join(directory, OUTCOME_NAME), word)
     return word

@@ -9,8 +9,9 @@ through the same scenarios and checks that both walk the same path through this 
 
 The shape (DESIGN.md §5, as redesigned against Argo's controller rules)::
 
-    master-service                     a Service named after the workflow, owned by it: the
-                                       master's address for as long as the workflow lives
+    master-service ∥ bootstrap-token   a Service named after the workflow, owned by it: the
+                                       master's address for as long as the workflow lives;
+                                       the workflow's own bootstrap token, in a Secret it owns
     master ∥ run                       the master (one pod at a time, recreated if it dies,
                                        resuming from its stored status) beside one pod per
                                        rank; the master leads bootcheck, every in-place
@@ -37,7 +38,6 @@ from aegis_flow.master.model import Phase, Status
 # the master's decision at the end of a job (``ending``); give-up takes every one but the first
 SUCCEEDED, FAILED, STOPPED, INDEPENDENT = "succeeded", "failed", "stopped", "independent"
 VERDICTS = (SUCCEEDED, FAILED, STOPPED, INDEPENDENT)
-GIVE_UP_ON = (FAILED, STOPPED, INDEPENDENT)
 UNDECIDED = "undecided"  # the master step did not succeed: no decision to read
 
 
@@ -54,6 +54,7 @@ class PhaseStep:
 
 JOB: tuple[PhaseStep, ...] = (
     PhaseStep("master-service"),
+    PhaseStep("bootstrap-token", beside="master-service"),
     PhaseStep("master"),
     PhaseStep("run", (Phase.PENDING, Phase.BOOTCHECKING, Phase.RUNCOMMAND,
                       Phase.TROUBLESHOOTING, Phase.RESTARTING), fan_out="ranks",
@@ -122,7 +123,7 @@ def taken(step: str, *, decided: bool, verdict: str, quarantined: bool) -> bool:
     if step == "quarantine":
         return decided and quarantined
     if step == "give-up":
-        return not decided or verdict in GIVE_UP_ON
+        return not decided or verdict != SUCCEEDED
     raise ValueError(f"step {step!r} is not a branch of the phase graph")
 
 
@@ -143,7 +144,6 @@ def guard(step: str, status_ref: str, verdict_ref: str) -> str:
     decided = f"'{status_ref}' == 'Succeeded'"
     if step == "quarantine":
         return decided
-    if step == "give-up":
-        words = " || ".join(f"'{verdict_ref}' == '{v}'" for v in GIVE_UP_ON)
-        return f"'{status_ref}' != 'Succeeded' || {words}"
+    if step == "give-up":  # short: Argo shows it, substituted, as the skipped node's message
+        return f"'{status_ref}' != 'Succeeded' || '{verdict_ref}' != '{SUCCEEDED}'"
     raise ValueError(f"step {step!r} has no branch in the phase graph")

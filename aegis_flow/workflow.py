@@ -6,6 +6,7 @@ PURE: builds Hera objects and plain dicts; never submits, never writes a file.
 Shape (``aegis_flow.phases``)::
 
     main:     master-service (resource: the Service <workflow>-master, owned by the workflow)
+              ∥ bootstrap-token (the workflow's own token Secret, owned by it)
               → master ∥ run ×N (continueOn failed/error: the master decides the ending)
               → quarantine ×node (the nodes the master quarantined; when it decided)
               → give-up (when it decided failed/stopped/independent, or could not decide)
@@ -23,7 +24,13 @@ from aegis_flow import phases
 from aegis_flow.jobspec import JobSpec
 from aegis_flow.templates import common as c
 from aegis_flow.templates.checks import SINGLE_CHECKS, check_template
-from aegis_flow.templates.master import SERVICE_TEMPLATE, master_template, service_template
+from aegis_flow.templates.master import (
+    SERVICE_TEMPLATE,
+    TOKEN_TEMPLATE,
+    master_template,
+    service_template,
+    token_template,
+)
 from aegis_flow.templates.recovery import give_up_template, quarantine_template, report_template
 from aegis_flow.templates.run import worker_template
 
@@ -39,6 +46,7 @@ def job_steps(spec: JobSpec) -> dict[str, Step]:
     """Every step of the job by its phase-graph name, without its ``when`` guard."""
     return {
         "master-service": Step(name="master-service", template=SERVICE_TEMPLATE),
+        "bootstrap-token": Step(name="bootstrap-token", template=TOKEN_TEMPLATE),
         "master": Step(name=c.MASTER, template=c.MASTER),
         "run": Step(
             name="run", template=c.WORKER,
@@ -66,6 +74,8 @@ def main_template(spec: JobSpec) -> Steps:
     for names in phases.groups():
         group = []
         for name in names:
+            if name == "bootstrap-token" and spec.bootstrap_secret:
+                continue  # a Secret shared by jobs, made by the operator
             s = steps[name]
             if name in ("quarantine", "give-up"):
                 s.when = phases.guard(name, MASTER_STATUS, decision("verdict"))
@@ -91,7 +101,8 @@ def build_workflow(spec: JobSpec) -> Workflow:
         ttl_strategy=m.TTLStrategy(seconds_after_completion=spec.ttl_seconds_after_completion),
         pod_gc=m.PodGC(strategy="OnPodSuccess"),
         templates=[
-            main_template(spec), service_template(spec), master_template(spec),
+            main_template(spec), service_template(spec),
+            *([] if spec.bootstrap_secret else [token_template(spec)]), master_template(spec),
             worker_template(spec), quarantine_template(spec), give_up_template(spec),
             report_template(spec),
         ],

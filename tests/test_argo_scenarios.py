@@ -102,7 +102,8 @@ def run(tmp: Path, sc: scenario.Scenario, wf: dict[str, Any] | None = None, *,
                  timeout=240)
     if picture and os.environ.get("AEGIS_WRITE_PICTURES"):
         PICTURES.mkdir(exist_ok=True)
-        (PICTURES / f"{picture}.txt").write_text(view.tree_text(r.name, r.status))
+        tree = "\n".join(line.rstrip() for line in view.tree_text(r.name, r.status).splitlines())
+        (PICTURES / f"{picture}.txt").write_text(tree.rstrip() + "\n")
         view.write_svg(r.name, r.status, PICTURES / f"{picture}.svg")
     return r
 
@@ -151,6 +152,8 @@ def test_a_clean_run_of_two_ranks(tmp_path: Path) -> None:
     assert "restarted 0 times" in decision["message"]
     assert skipped(r, "quarantine") == "Skipped, empty params"
     assert [p["phase"] for p in pods_of(r, "run(")] == ["Succeeded", "Succeeded"]
+    assert [outputs(p)["restarts"] for p in pods_of(r, "run(")] == ["0", "0"]
+    assert r.node("bootstrap-token")["phase"] == "Succeeded"  # this workflow's own token
     assert [p["displayName"] for p in pods_of(r, "master(")] == ["master(0)"]
     assert "T2: every check passed; run" in master_log(tmp_path)
     assert labelled(r) == set()
@@ -162,7 +165,8 @@ def test_a_crash_is_recovered_in_place(tmp_path: Path) -> None:
     assert "restarted 1 times" in decision["message"], decision
     # in place: the same two pods from start to end, none recreated
     assert [p["displayName"] for p in pods_of(r, "run(")] == ["run(0:0)(0)", "run(1:1)(0)"]
-    assert r.node("master(0)").get("progress") in ("1/3", "1/1")
+    # every rank restarted its command in place once, in the same pods
+    assert [outputs(p)["restarts"] for p in pods_of(r, "run(")] == ["1", "1"]
     assert labelled(r) == set()
 
 
@@ -207,13 +211,17 @@ def test_retries_exhausted_give_up_with_the_masters_reason(tmp_path: Path) -> No
     assert give_up["phase"] == "Failed"
     assert give_up["message"].startswith("main: Error (exit code 1): the job ended failed: "), \
         give_up  # the master's one-line reason, as the termination message
+    # a failed pod keeps its last self-reported progress: the job's restarts of max-retry
+    assert {p.get("progress") for p in pods_of(r, "run(")} == {"1/1"}
     assert labelled(r) == set()
 
 
 def test_the_master_pod_killed_mid_run_comes_back_and_resumes(tmp_path: Path) -> None:
     """The master pod is killed once training runs; Argo recreates it (the step's
     retryStrategy), the Service follows the new pod, and it resumes from the status it
-    stored in the cluster NATS. The ranks train on meanwhile: no rank is restarted."""
+    stored in the cluster NATS. The ranks train on meanwhile: no rank's pod is recreated.
+    (Whether a rank is restarted in place depends on whether its heartbeats reach NATS in
+    time while the machine is loaded: the rehearsal's Services are a userspace proxy.)"""
     sc = stack(tmp_path, faults=[{"template": "master", "when-log": "T2: every check passed",
                                   "action": "kill"}])
     r = run(tmp_path, sc, picture="master-killed")
@@ -221,8 +229,9 @@ def test_the_master_pod_killed_mid_run_comes_back_and_resumes(tmp_path: Path) ->
     first, second = pods_of(r, "master(")
     assert (first["phase"], first["message"]) == ("Failed", "main: Error (exit code 137)")
     assert second["phase"] == "Succeeded"
-    assert "resumed from stored status: RunCommand" in master_log(tmp_path)
-    assert "restarted 0 times" in decision["message"]
+    log = master_log(tmp_path)
+    assert "resumed from stored status: RunCommand" in log
+    assert decision["verdict"] == "succeeded"
     assert [p["displayName"] for p in pods_of(r, "run(")] == ["run(0:0)(0)", "run(1:1)(0)"]
 
 
@@ -263,7 +272,7 @@ def test_a_worker_pod_cannot_patch_nodes(tmp_path: Path) -> None:
     for nid, spec in r.pod_specs.items():
         template = r.status["nodes"][nid].get("templateName")
         assert (spec.get("serviceAccountName") == "aegis-flow") is (
-            template in ("master", "master-service", "quarantine")), template
+            template in ("master", "master-service", "bootstrap-token", "quarantine")), template
 
 
 def test_aegis_flow_stop_ends_the_job_stopped(tmp_path: Path) -> None:

@@ -435,8 +435,8 @@ def _script_modules(source: str) -> set[str]:
                if n.split(".")[0] not in sys.stdlib_module_names})
 
 
-# Beyond what the rendered workflows run: nats-server on PATH (B7; a master's embedded NATS,
-# `aegis-flow run` inside the image, a test server next to `aegis-flow nats-bootstrap`).
+# Beyond what the rendered workflows run: nats-server on PATH (`aegis-flow run` inside the
+# image, a test server next to `aegis-flow nats-bootstrap`).
 IMAGE_CONTRACT = {Need("executable", "nats-server", "(the image contract)")}
 
 

@@ -57,7 +57,8 @@ def test_the_master_role_creates_services_and_is_bound_to_the_node_account_only(
     role = named("Role", "aegis-flow-master")
     assert role["metadata"]["namespace"] == "ml"
     assert {(tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]} == {
-        (("services",), ("create", "get", "delete")), (("pods",), ("get", "list"))}
+        (("services",), ("create", "get", "delete")), (("secrets",), ("create",)),
+        (("pods",), ("get", "list"))}
     binding = named("RoleBinding", "aegis-flow-master")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": "aegis-flow-master"}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from aegis_flow.outcome import NODE_NAME, OUTCOME_NAME, outcome_of, write_outcome
+from aegis_flow.outcome import NODE_NAME, OUTCOME_NAME, RESTARTS_NAME, outcome_of, write_outcome
 from aegis_flow.templates import contract
 
 
@@ -21,7 +21,7 @@ def test_write_outcome_writes_the_word_and_node(tmp_path: Path, code: int, word:
     assert write_outcome(str(where), code, "gpu-node-7") == word
     assert (where / OUTCOME_NAME).read_text() == word == outcome_of(code)
     assert (where / NODE_NAME).read_text() == "gpu-node-7"
-    assert sorted(os.listdir(where)) == [NODE_NAME, OUTCOME_NAME]  # no temporary left
+    assert sorted(os.listdir(where)) == [NODE_NAME, OUTCOME_NAME, RESTARTS_NAME]  # no temporaries
 
 
 def test_rewriting_replaces_the_word_whole(tmp_path: Path) -> None:

@@ -71,8 +71,8 @@ def test_the_rendered_workflow_walks_the_graph(verdict: str, quarantined: list[s
 
 def test_the_main_template_has_the_graph_steps_in_their_groups() -> None:
     groups = [[s["name"] for s in g] for g in TEMPLATES["main"]["steps"]]
-    assert groups == phases.groups() == [["master-service"], ["master", "run"],
-                                         ["quarantine"], ["give-up"]]
+    assert groups == phases.groups() == [["master-service", "bootstrap-token"],
+                                         ["master", "run"], ["quarantine"], ["give-up"]]
 
 
 def test_walk_refuses_an_unknown_verdict() -> None:
@@ -161,7 +161,7 @@ def test_the_local_master_walks_the_same_path(name: str, expected: str,
     assert (decision.verdict, list(decision.quarantined)) == (expected, quarantined)
     argo = argo_walk(decision.verdict, list(decision.quarantined))
     graph = phases.walk(decision.verdict, quarantined=bool(decision.quarantined))
-    argo_only = {"master-service", "master", "quarantine"}
+    argo_only = {"master-service", "bootstrap-token", "master", "quarantine"}
     assert argo == graph
     assert local_path(seen) == [s for s in graph if s not in argo_only], seen
 

@@ -53,14 +53,16 @@ def test_the_constants_follow_the_templates_and_nats_bootstrap() -> None:
     assert set(AUTH_KEYS) == {"nats.conf", *MASTER_FILES}
 
 
-def test_a_rendered_workflow_needs_two_accounts_and_two_secrets() -> None:
+def test_a_rendered_workflow_needs_two_accounts_and_the_auth_secret() -> None:
+    """Its bootstrap token is its own (made by its first step), so only the auth Secret must
+    exist beforehand; with a shared token Secret (--bootstrap-secret) that one too."""
     got = wanted(workflow())
     assert got[("ServiceAccount", "aegis-flow-executor")][0] == "executor"
     assert got[("ServiceAccount", "aegis-flow")][0] == "nodes"
     assert got[("Secret", "aegis-auth")] == ("auth", set(AUTH_KEYS))
-    assert got[("Secret", "aegis-bootstrap")] == ("bootstrap", {"token"})
-    assert {k for k in got if k[0] == "Secret"} == {("Secret", "aegis-auth"),
-                                                   ("Secret", "aegis-bootstrap")}
+    assert {k for k in got if k[0] == "Secret"} == {("Secret", "aegis-auth")}
+    shared = wanted(workflow(bootstrap_secret="aegis-bootstrap"))
+    assert shared[("Secret", "aegis-bootstrap")] == ("bootstrap", {"token"})
 
 
 def test_tls_secrets_are_needed_with_their_keys() -> None:
@@ -141,7 +143,8 @@ def submit(tmp_path: Path, argo_url: str, *args: str) -> subprocess.CompletedPro
     env.update(HOME=str(tmp_path), ARGO_TOKEN="t")
     return subprocess.run(
         [sys.executable, "-m", "aegis_flow.cli", "submit", "--argo-server", argo_url,
-         "--image", "IMG", "--namespace", NS, *args, "--", "python", "t.py"],
+         "--image", "IMG", "--namespace", NS, "--bootstrap-secret", "aegis-bootstrap", *args,
+         "--", "python", "t.py"],
         capture_output=True, text=True, env=env, timeout=120)
 
 

@@ -52,7 +52,7 @@ def test_worker_pods_get_the_bundle_and_credentials_from_init_containers() -> No
                      "--deadline": "10", "--retries": "65"}
     vols = {v["name"]: v for v in w["volumes"]}
     assert vols["aegis"] == {"name": "aegis", "emptyDir": {}}
-    assert vols["bootstrap-token"]["secret"]["secretName"] == "aegis-bootstrap"
+    assert vols["bootstrap-token"]["secret"]["secretName"] == "{{workflow.name}}-bootstrap"
     assert {"name": "aegis", "mountPath": "/aegis"} in w["container"]["volumeMounts"]
 
 
@@ -82,7 +82,7 @@ def test_master_probes_readyz_on_the_metrics_port_it_is_told_to_serve() -> None:
     assert args[args.index("--grpc-listen") + 1] == f"0.0.0.0:{spec.grpc_port}"
     env = {e["name"]: e for e in mt["container"]["env"]}
     assert env["AEGIS_BOOTSTRAP_TOKEN"]["valueFrom"]["secretKeyRef"] == {
-        "name": "aegis-bootstrap", "key": "token"}
+        "name": "{{workflow.name}}-bootstrap", "key": "token"}
 
 
 def test_worker_retry_moves_only_this_pod_and_never_to_a_quarantined_node() -> None:

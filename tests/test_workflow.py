@@ -40,7 +40,7 @@ def test_service_then_the_master_beside_the_ranks(wf: dict[str, Any]) -> None:
     t = templates(wf)
     main = t[wf["spec"]["entrypoint"]]["steps"]
     assert [[s["name"] for s in g] for g in main] == [
-        ["master-service"], ["master", "run"], ["quarantine"], ["give-up"]]
+        ["master-service", "bootstrap-token"], ["master", "run"], ["quarantine"], ["give-up"]]
     assert "daemon" not in t["master"]  # W1: a daemon in a finished steps group is not retried
     assert t["master"]["metadata"]["labels"] == {"aegis.io/master": "{{workflow.name}}"}
     service = yaml.safe_load(t["master-service"]["resource"]["manifest"])
@@ -65,6 +65,23 @@ def test_branches_read_the_decision_of_a_master_that_succeeded(wf: dict[str, Any
     assert all("default" in v for v in outputs.values())
 
 
+def test_each_workflow_makes_its_own_bootstrap_token(wf: dict[str, Any]) -> None:
+    t = templates(wf)
+    cmd = t["bootstrap-token"]["container"]["command"]
+    assert cmd[:2] == ["aegis-flow", "bootstrap-token"]
+    assert cmd[cmd.index("--secret") + 1] == "{{workflow.name}}-bootstrap"
+    assert cmd[cmd.index("--workflow-uid") + 1] == "{{workflow.uid}}"
+    env = {e["name"]: e for e in t["master"]["container"]["env"]}
+    assert env["AEGIS_BOOTSTRAP_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == \
+        "{{workflow.name}}-bootstrap"
+    vols = {v["name"]: v for v in t["worker"]["volumes"]}
+    assert vols["bootstrap-token"]["secret"]["secretName"] == "{{workflow.name}}-bootstrap"
+    shared = render(SPEC.model_copy(update={"bootstrap_secret": "aegis-bootstrap"}))
+    assert "bootstrap-token" not in templates(shared)
+    assert {v["name"]: v for v in templates(shared)["worker"]["volumes"]}[
+        "bootstrap-token"]["secret"]["secretName"] == "aegis-bootstrap"
+
+
 def test_no_retry_has_a_max_duration(wf: dict[str, Any]) -> None:
     """B3: Argo reads backoff.maxDuration as a deadline from the first pod."""
     for t in wf["spec"]["templates"]:
@@ -81,7 +98,7 @@ def test_workflow_level_settings(wf: dict[str, Any]) -> None:
     # W2: only the master and the quarantine step run as the account that may patch nodes
     node_rights = sorted(t["name"] for t in spec["templates"]
                          if t.get("serviceAccountName") == "aegis-flow")
-    assert node_rights == ["master", "master-service", "quarantine"]
+    assert node_rights == ["bootstrap-token", "master", "master-service", "quarantine"]
     assert wf["metadata"]["generateName"] == "aegis-job-"
 
 

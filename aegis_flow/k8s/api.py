@@ -72,6 +72,7 @@ class FakeNodeApi:
         # (namespace, name) -> the Secret's key names; (namespace, name) of each account
         self.secrets = {k: frozenset(v) for k, v in (secrets or {}).items()}
         self.service_accounts = set(service_accounts)
+        self.created_secrets: dict[tuple[str, str], dict[str, Any]] = {}
 
     def secret_keys(self, namespace: str, name: str) -> frozenset[str]:
         if (namespace, name) not in self.secrets:
@@ -82,6 +83,15 @@ class FakeNodeApi:
         if (namespace, name) not in self.service_accounts:
             raise ObjectNotFound("ServiceAccount", namespace, name)
         return {"metadata": {"name": name, "namespace": namespace}}
+
+    def create_secret(self, namespace: str, name: str, string_data: Mapping[str, str],
+                      owner: Mapping[str, Any] | None = None) -> bool:
+        if (namespace, name) in self.secrets:
+            return False
+        self.secrets[(namespace, name)] = frozenset(string_data)
+        self.created_secrets[(namespace, name)] = {"data": dict(string_data),
+                                                   "owner": dict(owner or {})}
+        return True
 
     @staticmethod
     def node(name: str, *, labels: dict[str, str] | None = None,

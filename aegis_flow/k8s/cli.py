@@ -48,6 +48,19 @@ def add_parsers(sub: Any) -> None:
     r = ns.add_parser("release", help="release NODE...")
     r.add_argument("names", nargs="+", metavar="NODE")
     n.set_defaults(handler=handle_nodes)
+    b = sub.add_parser(
+        "bootstrap-token", help="make one workflow's bootstrap token Secret (its first step)",
+        description="Create the Secret SECRET (key 'token': 256 random bits, made here, never "
+        "written anywhere else) owned by the workflow, so Kubernetes deletes it with the "
+        "workflow. An existing Secret is kept (a retried step). Needs 'secrets create' in the "
+        "namespace (aegis-flow install grants it to the master's account).")
+    b.add_argument("--namespace", required=True)
+    b.add_argument("--secret", required=True, help="the Secret's name (<workflow>-bootstrap)")
+    b.add_argument("--workflow", required=True, help="the owning workflow's name")
+    b.add_argument("--workflow-uid", required=True, help="... and its uid")
+    b.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster)")
+    b.add_argument("--context", help="kubeconfig context")
+    b.set_defaults(handler=handle_bootstrap_token)
     i = sub.add_parser(
         "install", help="render the cluster-side manifests (RBAC, aegis-checks, NATS)",
         description="Render, validate and print what a namespace needs before jobs run: the "
@@ -64,7 +77,7 @@ def add_parsers(sub: Any) -> None:
                    help="every other pod's account: Argo's executor rights only")
     i.add_argument("--aegis-image", default=None, help="image of the check templates")
     i.add_argument("--no-nats", dest="nats", action="store_false",
-                   help="no NATS server (jobs embed one in the master pod)")
+                   help="no NATS server (render jobs with --nats-url of your own, JetStream on)")
     i.add_argument("--nats-image", default="nats:2.10-alpine")
     i.add_argument("--nats-storage", default="1Gi", help="JetStream volume size")
     i.add_argument("--auth-secret", default="aegis-auth",
@@ -78,6 +91,22 @@ def add_parsers(sub: Any) -> None:
                    "token kept in DIR/bootstrap-token; the offline seeds stay in DIR. Without "
                    "it, the commands that create the Secrets are printed")
     i.set_defaults(handler=handle_install)
+
+
+def handle_bootstrap_token(args: argparse.Namespace) -> int:
+    from aegis_flow.k8s.client import KubeNodeApi
+    from aegis_flow.k8s.token import mint
+
+    try:
+        api = KubeNodeApi.connect(kubeconfig=args.kubeconfig, context=args.context)
+        made = mint(api, namespace=args.namespace, secret=args.secret,
+                    workflow=args.workflow, uid=args.workflow_uid)
+    except (NodeApiError, ValueError) as exc:
+        print(f"aegis-flow bootstrap-token: {exc}", file=sys.stderr)
+        return 1
+    print(f"{'created' if made else 'kept the existing'} Secret {args.namespace}/{args.secret}"
+          f" (owned by workflow {args.workflow})")
+    return 0
 
 
 def _api(args: argparse.Namespace) -> NodeApi:

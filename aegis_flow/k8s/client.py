@@ -9,6 +9,7 @@ package is imported only here, when a client is made.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from aegis_flow.k8s.api import NodeApiError, NodeNotFound, ObjectNotFound
@@ -99,6 +100,24 @@ class KubeNodeApi:
                          _rights=f"secrets get in {namespace}",
                          _missing=ObjectNotFound("Secret", namespace, name))
         return frozenset((got.data or {}).keys()) | frozenset((got.string_data or {}).keys())
+
+    def create_secret(self, namespace: str, name: str, string_data: Mapping[str, str],
+                      owner: Mapping[str, Any] | None = None) -> bool:
+        meta: dict[str, Any] = {"name": name, "namespace": namespace,
+                                "labels": {"app.kubernetes.io/managed-by": "aegis-flow"}}
+        if owner:
+            meta["ownerReferences"] = [dict(owner)]
+        body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": meta,
+                "stringData": dict(string_data)}
+        try:
+            self._call(f"create secret {namespace}/{name}", None,
+                       self.core.create_namespaced_secret, namespace, body,
+                       _rights=f"secrets create in {namespace}: aegis-flow install")
+        except NodeApiError as exc:
+            if exc.status == 409:  # made by an earlier try of the same step: keep it
+                return False
+            raise
+        return True
 
     def get_service_account(self, namespace: str, name: str) -> dict[str, Any]:
         got = self._call(f"get serviceaccount {namespace}/{name}", name,

@@ -3,7 +3,8 @@
 - RBAC: the ``aegis-flow`` ServiceAccount (the master and the quarantine step only) with a
   ClusterRole to get, list and patch nodes (quarantine) and get/list pods, and a namespaced
   Role ``aegis-flow-master`` (services create/get/delete: the master's per-workflow Service;
-  pods get/list); the ``aegis-flow-executor`` ServiceAccount every other pod runs as (the
+  secrets create: each workflow's bootstrap token; pods get/list); the
+  ``aegis-flow-executor`` ServiceAccount every other pod runs as (the
   user's code: no node rights); a Role and binding for Argo's executor, for both accounts
   (``workflowtaskresults`` create/patch, which Argo ≥ 3.4 needs to report outputs, and
   nothing else).
@@ -90,6 +91,8 @@ def rbac(o: InstallOptions) -> list[dict[str, Any]]:
         {"apiVersion": f"{RBAC}/v1", "kind": "Role", "metadata": _meta(master_role, o.namespace),
          "rules": [{"apiGroups": [""], "resources": ["services"],
                     "verbs": ["create", "get", "delete"]},
+                   # each workflow's own bootstrap token Secret (aegis-flow bootstrap-token)
+                   {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]},
         {"apiVersion": f"{RBAC}/v1", "kind": "RoleBinding",
          "metadata": _meta(master_role, o.namespace),

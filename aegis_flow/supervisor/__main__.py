@@ -129,12 +129,14 @@ def main(argv: list[str] | None = None, prog: str = "aegis-flow worker") -> int:
     # errors itself, once per 30 s (agent._nats_error)
     logging.getLogger("nats").setLevel(logging.CRITICAL)
     code = 1
+    sup = Supervisor(cfg)
     try:
-        code = asyncio.run(Supervisor(cfg).run())
+        code = asyncio.run(sup.run())
     finally:
         if outcome_dir:  # also when run() raised: the workflow must see a word, not nothing
             try:
-                word = write_outcome(outcome_dir, code, cfg.node)
+                word = write_outcome(outcome_dir, code, cfg.node,
+                                     restarts=max(0, sup.child_starts - 1))
                 sys.stderr.write(f"[aegis-flow worker] outcome {word} (exit {code}) written "
                                  f"to {outcome_dir}\n")
             except OSError as exc:

@@ -155,6 +155,17 @@ def _creds_session(cfg: WorkerConfig) -> Any:
     return credsmod.Session(creds, cfg.creds)
 
 
+def _report_progress(restarts: int) -> None:
+    """On Argo: the job's restarts so far of max-retry as this pod's self-reported progress
+    (``$ARGO_PROGRESS_FILE``, ``$AEGIS_MAX_RETRY``), shown on the rank's node while it runs."""
+    path, most = os.environ.get("ARGO_PROGRESS_FILE"), os.environ.get("AEGIS_MAX_RETRY", "")
+    if not path or not most.isdigit() or int(most) < 1:
+        return
+    with contextlib.suppress(OSError):
+        with open(path, "w") as fh:
+            fh.write(f"{min(restarts, int(most))}/{most}\n")
+
+
 class Supervisor:
     def __init__(self, cfg: WorkerConfig, *, checks: CheckFn | None = None,
                  drop: Callable[[p.Message], bool] | None = None) -> None:
@@ -332,6 +343,7 @@ class Supervisor:
     async def _run_child(self, msg: p.Message | None) -> None:
         env = self.child_env(msg)
         epoch = int(env["AEGIS_RESTART_COUNT"])
+        _report_progress(epoch)
         active = [i for i in self.cfg.injections if i.applies(self.cfg.rank, epoch)]
         for inj in active:
             env = inj.prepare_env(env)

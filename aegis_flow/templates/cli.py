@@ -82,9 +82,23 @@ def _job_flags(r: Any) -> None:
                    "the master and the quarantine step only (default aegis-flow)")
     r.add_argument("--executor-service-account", help="every other pod's account: Argo's "
                    "executor rights, no node rights (default aegis-flow-executor)")
-    r.add_argument("--nats-url", help="external NATS (default: embedded in the master pod)")
+    r.add_argument("--nats-url", help="the NATS every pod dials, with JetStream (default: "
+                   "aegis-flow install's, nats://aegis-nats.NAMESPACE:4222)")
     r.add_argument("--aegis-image", help="image with aegis-flow (master, init containers, "
-                   "verdict, quarantine, report)")
+                   "bootstrap-token, quarantine, give-up, report)")
+    r.add_argument("--bootstrap-secret", metavar="SECRET",
+                   help="a Secret (key 'token') every job shares (default: each workflow "
+                   "makes its own, <workflow>-bootstrap, deleted with it)")
+    r.add_argument("--checkpoint-claim", metavar="PVC",
+                   help="a ReadWriteMany PersistentVolumeClaim every rank mounts as its "
+                   "checkpoint directory ($AEGIS_CHECKPOINT_DIR), so a moved rank resumes")
+    r.add_argument("--checkpoint-dir", metavar="PATH",
+                   help="where it is mounted (default /checkpoints)")
+    r.add_argument("--connect-timeout", type=int, metavar="S",
+                   help="seconds for every rank's pod to be scheduled, pulled and started "
+                   "(default 900)")
+    r.add_argument("--replace-timeout", type=int, metavar="S",
+                   help="seconds for a replaced rank's new pod to come back (default 900)")
     r.add_argument("--python", help="the interpreter in the training image that runs the "
                    "supervisor bundle (default python3)")
     r.add_argument("--no-bundle", dest="inject_supervisor", action="store_false", default=None,
@@ -113,7 +127,8 @@ def _spec_from_args(args: argparse.Namespace) -> Any:
                 "service_account", "executor_service_account", "nats_url", "aegis_image",
                 "python", "inject_supervisor",
                 "metrics_port", "grpc_tls_secret", "grpc_tls_client_secret",
-                "grpc_tls_server_name"):
+                "grpc_tls_server_name", "bootstrap_secret", "checkpoint_claim",
+                "checkpoint_dir", "connect_timeout", "replace_timeout"):
         value = getattr(args, key)
         if value is not None:
             fields[key] = value

@@ -14,6 +14,7 @@ from aegis_flow.outcome import NODE_FILE as NODE_FILE
 from aegis_flow.outcome import OUTCOME_BY_CODE as OUTCOME_BY_CODE
 from aegis_flow.outcome import OUTCOME_DIR as OUTCOME_DIR
 from aegis_flow.outcome import OUTCOME_FILE as OUTCOME_FILE
+from aegis_flow.outcome import RESTARTS_FILE as RESTARTS_FILE
 from aegis_flow.outcome import UNKNOWN as UNKNOWN
 from aegis_flow.outcome import outcome_of as outcome_of
 

@@ -85,13 +85,13 @@ def worker_init(spec: JobSpec, *, master_addr: str, rank: str) -> UserContainer:
 
 def token_volume(spec: JobSpec) -> m.Volume:
     return m.Volume(name=TOKEN_VOLUME, secret=m.SecretVolumeSource(
-        secret_name=spec.bootstrap_secret, default_mode=SECRET_MODE,
+        secret_name=spec.bootstrap_secret_name, default_mode=SECRET_MODE,
         items=[m.KeyToPath(key=TOKEN_KEY, path=TOKEN_KEY)]))
 
 
 def bootstrap_token_env(spec: JobSpec) -> SecretEnv:
     """The master reads the same token from the environment (``--token-env``)."""
-    return SecretEnv(name="AEGIS_BOOTSTRAP_TOKEN", secret_name=spec.bootstrap_secret,
+    return SecretEnv(name="AEGIS_BOOTSTRAP_TOKEN", secret_name=spec.bootstrap_secret_name,
                      secret_key=TOKEN_KEY)
 
 

@@ -77,6 +77,27 @@ def service_template(spec: JobSpec) -> Resource:
                     manifest=yaml.safe_dump(manifest, sort_keys=False))
 
 
+TOKEN_TEMPLATE = "bootstrap-token"
+
+
+def token_template(spec: JobSpec) -> Container:
+    """``aegis-flow bootstrap-token``: this workflow's own bootstrap token, made in the pod
+    (never in the workflow's spec or status), in a Secret the workflow owns (deleted with it).
+    Run with the master's account (``secrets create``: ``aegis-flow install``)."""
+    return Container(
+        name=TOKEN_TEMPLATE, image=spec.aegis_image,
+        service_account_name=spec.service_account,
+        command=["aegis-flow", "bootstrap-token", "--namespace", spec.namespace,
+                 "--secret", spec.bootstrap_secret_name, "--workflow", "{{workflow.name}}",
+                 "--workflow-uid", "{{workflow.uid}}"],
+        retry_strategy=RetryStrategy(limit="3", retry_policy="Always",
+                                     backoff=m.Backoff(duration="5s", factor=m.IntOrString("2"))),
+        resources=m.ResourceRequirements(requests={"cpu": "50m", "memory": "64Mi"}),  # type: ignore[dict-item]
+        node_selector=spec.node_selector or None,
+        tolerations=c.tolerations(spec),
+    )
+
+
 def master_template(spec: JobSpec) -> Container:
     """The master: ready on /readyz; serves SyncWorkerCreds; recreated whenever it ends
     without having decided (a crash, a lost node, a deleted pod, NATS out of reach)."""

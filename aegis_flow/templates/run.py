@@ -75,8 +75,13 @@ def worker_template(spec: JobSpec) -> Container:
             Parameter(name="outcome", value_from=m.ValueFrom(
                 path=contract.OUTCOME_FILE, default=contract.UNKNOWN)),
             Parameter(name="node", value_from=m.ValueFrom(path=contract.NODE_FILE, default="")),
+            # how often this pod restarted the command in place (L1): shown on the rank's node
+            Parameter(name="restarts", value_from=m.ValueFrom(path=contract.RESTARTS_FILE,
+                                                              default="0")),
         ],
         env=[*c.pod_env(spec), Env(name="AEGIS_POD_RETRY", value="{{retries}}"),
+             # the pod's self-reported progress while it runs: the job's restarts of max-retry
+             Env(name="AEGIS_MAX_RETRY", value=c.wf_param("max-retry")),
              *([Env(name="AEGIS_CHECKPOINT_DIR", value=spec.checkpoint_dir)]
                if spec.checkpoint_claim else []),
              # GPUs asked for and none usable: the node lost them (a gpu check fail, not

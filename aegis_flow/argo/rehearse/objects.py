@@ -1,5 +1,6 @@
 """Namespaced objects of the rehearsal's cluster: Services with a ClusterIP that works, and
-Secrets and ConfigMaps (stored only).
+Secrets (stored, and their keys written where pods mount Secrets from) and ConfigMaps
+(stored only).
 
 A Service created through the API stand-in (``kubeapi``: a resource template's executor, or a
 scenario's ``objects:``) gets a ClusterIP from 198.18.240.0/20, inside the cluster network's
@@ -22,6 +23,7 @@ namespace; :meth:`ObjectStore.close` removes every one of them.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import ipaddress
@@ -197,6 +199,8 @@ class ObjectStore:
         self._hosts = iter(SERVICE_CIDR.hosts())
         self._version = 0
         self.log: Callable[[str], None] = lambda s: None
+        # a created Secret's keys -> files pods can mount (the rehearsal's Secrets directory)
+        self.secret_sink: Callable[[str, str, dict[str, bytes]], None] | None = None
 
     # ------------------------------------------------------------ API verbs
     def create(self, resource: str, namespace: str, obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -237,6 +241,12 @@ class ObjectStore:
                 self.delete(resource, namespace, name)
                 raise
             self.log(f"service {namespace}/{name} at {out['spec']['clusterIP']}")
+        if kind == "Secret" and self.secret_sink is not None:
+            files = {str(k): base64.b64decode(str(v)) for k, v in (out.get("data") or {}).items()}
+            files.update({str(k): str(v).encode() for k, v in
+                          (out.get("stringData") or {}).items()})
+            self.secret_sink(namespace, name, files)
+            self.log(f"secret {namespace}/{name} ({', '.join(sorted(files))})")
         return _copy(out)
 
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any]:

@@ -266,6 +266,13 @@ def rehearse(wf: dict[str, Any], *, scenario: Scenario | None = None,
     try:
         net.create()
         secrets = _write_secrets(workdir / "secrets", sc.secrets, secrets_dir)
+
+        def secret_sink(_ns: str, secret: str, files: dict[str, bytes]) -> None:
+            (secrets / secret).mkdir(parents=True, exist_ok=True)
+            for key, value in files.items():
+                (secrets / secret / key).write_bytes(value)
+
+        objects.secret_sink = secret_sink
         tokens: dict[str, Grant] = {}
         sa_dirs: dict[str, Path] = {}
         for sa in {*sc.rbac, str(wf["spec"].get("serviceAccountName") or "default"),

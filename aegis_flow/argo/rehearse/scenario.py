@@ -11,7 +11,8 @@ A scenario is the cluster and the faults around one run of a workflow::
       aegis-bootstrap: {token: s3cret}
     parameters: {max-retry: "1"}        # like -p name=value (-p wins)
     rbac:                       # service account -> verbs on nodes, or resource -> verbs
-      aegis-flow: {nodes: [get, list, patch], services: [create, get, delete]}  # (default;
+      aegis-flow: {nodes: [get, list, patch], services: [create, get, delete],  # (default;
+                   secrets: [create]}
       worker: [get]             #   a plain list: verbs on nodes)
     timeout: 300                # seconds before the rehearsal gives up (default 600)
     include: cluster.yaml       # another scenario beneath this one (relative path; this
@@ -65,7 +66,8 @@ DEFAULT_NODES = tuple(
     {"name": f"node-{i}", "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}
     for i in range(4))
 DEFAULT_RBAC: dict[str, dict[str, tuple[str, ...]]] = {
-    "aegis-flow": {"nodes": ("get", "list", "patch"), "services": ("create", "get", "delete")}}
+    "aegis-flow": {"nodes": ("get", "list", "patch"), "services": ("create", "get", "delete"),
+                   "secrets": ("create",)}}
 _TOP = {"nodes", "secrets", "parameters", "rbac", "timeout", "pods", "description", "include",
         "images", "objects", "faults", "controller-env", "workflowTemplates"}
 _POD = {"match", "template", "containers", "env", "host"}
