@@ -326,6 +326,12 @@ class JobSpec(BaseModel):
         return self
 
     @property
+    def setup_service_account(self) -> str:
+        """The account of a workflow's first steps (its Service and its token Secret):
+        ``aegis-flow install`` makes it beside ``service_account``."""
+        return f"{self.service_account}-setup"
+
+    @property
     def bootstrap_secret_name(self) -> str:
         """The Secret the master and worker-init read the token from."""
         return self.bootstrap_secret or "{{workflow.name}}-bootstrap"

@@ -24,14 +24,16 @@ DOCS = manifests(OPTS)
 
 
 def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    """The first document of this kind (two ServiceAccounts: the node-patching one first)."""
+    """The first document of this kind (three ServiceAccounts: the node-patching one
+    first)."""
     return next(d for d in docs if d["kind"] == kind)
 
 
 def test_install_renders_rbac_checks_and_nats_that_validate() -> None:
     assert [d["kind"] for d in DOCS] == [
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "ServiceAccount",
-        "RoleBinding", "Role", "RoleBinding", "WorkflowTemplate", "Service", "StatefulSet"]
+        "RoleBinding", "ServiceAccount", "Role", "RoleBinding", "WorkflowTemplate", "Service",
+        "StatefulSet"]
     assert check_documents(DOCS) == []  # Argo schema + lint, and the structural checks
     rules = {(tuple(r["resources"]), tuple(r["verbs"])) for r in by_kind(DOCS, "ClusterRole")[
         "rules"]}
@@ -40,7 +42,7 @@ def test_install_renders_rbac_checks_and_nats_that_validate() -> None:
     assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "aegis-flow",
                                 "namespace": "ml"}]  # only this account may patch nodes (W2)
     assert [s["name"] for s in by_kind(DOCS, "RoleBinding")["subjects"]] == [
-        "aegis-flow", "aegis-flow-executor"]  # both run Argo's executor
+        "aegis-flow", "aegis-flow-executor", "aegis-flow-setup"]  # all run Argo's executor
     executor_role = by_kind(DOCS, "Role")  # Argo's executor: nothing else (W2)
     assert executor_role["rules"] == [{"apiGroups": ["argoproj.io"],
                                        "resources": ["workflowtaskresults"],
@@ -53,24 +55,27 @@ def named(kind: str, name: str) -> dict[str, Any]:
     return next(d for d in DOCS if d["kind"] == kind and d["metadata"]["name"] == name)
 
 
-def test_the_master_role_creates_services_and_is_bound_to_the_node_account_only() -> None:
-    role = named("Role", "aegis-flow-master")
+def test_the_setup_account_creates_services_and_secrets_only() -> None:
+    """A workflow's first steps (its master's Service, its bootstrap token) run as
+    aegis-flow-setup: no node rights, no user code."""
+    role = named("Role", "aegis-flow-setup")
     assert role["metadata"]["namespace"] == "ml"
     assert {(tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]} == {
-        (("services",), ("create", "get", "delete")), (("secrets",), ("create",)),
-        (("pods",), ("get", "list"))}
-    binding = named("RoleBinding", "aegis-flow-master")
+        (("services",), ("create", "get", "delete")), (("secrets",), ("create",))}
+    binding = named("RoleBinding", "aegis-flow-setup")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": "aegis-flow-master"}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "aegis-flow",
+                                  "name": "aegis-flow-setup"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "aegis-flow-setup",
                                     "namespace": "ml"}]
+    node_bindings = [d for d in DOCS if d["kind"] == "ClusterRoleBinding"]
+    assert {s["name"] for d in node_bindings for s in d["subjects"]} == {"aegis-flow"}
     # the executor account (the user's code) gets no rule beyond Argo's executor Role
     executor_roles = {d["roleRef"]["name"] for d in DOCS if d["kind"].endswith("Binding")
                       and any(s["name"] == "aegis-flow-executor" for s in d["subjects"])}
     assert executor_roles == {"aegis-flow-executor"}
     custom = manifests(InstallOptions(namespace="ml", service_account="boss"))
     assert [d["metadata"]["name"] for d in custom if d["kind"] == "Role"] == [
-        "boss-executor", "boss-master"]
+        "boss-executor", "boss-setup"]
     assert check_documents(custom) == []
 
 

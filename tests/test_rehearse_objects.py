@@ -66,8 +66,9 @@ def echo_server(labels: dict[str, str]) -> dict[str, Any]:
 
 
 def service(name: str, selector: dict[str, str], target: int | str, *, owner: bool = True,
-            sa: str | None = "aegis-flow") -> dict[str, Any]:
-    """A resource template creating a Service (as ``aegis-flow``, which may by default)."""
+            sa: str | None = "aegis-flow-setup") -> dict[str, Any]:
+    """A resource template creating a Service (as ``aegis-flow-setup``, which may by
+    default)."""
     manifest = (f"apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\nspec:\n"
                 f"  selector: {selector}\n  ports:\n  - port: 80\n    targetPort: {target}\n")
     t: dict[str, Any] = {"name": f"svc-{name}", "resource": {
@@ -319,9 +320,10 @@ def test_rbac_lists_mean_nodes_and_mappings_name_resources() -> None:
     sc = parse({"rbac": {"a": ["get"], "b": {"nodes": ["list"], "services": ["create"]}}})
     assert sc.rbac == {"a": {"nodes": ("get",)}, "b": {"nodes": ("list",),
                                                         "services": ("create",)}}
-    default = parse({}).rbac["aegis-flow"]
-    assert default == {"nodes": ("get", "list", "patch"),
-                       "services": ("create", "get", "delete")}
+    default = parse({}).rbac
+    assert default == {"aegis-flow": {"nodes": ("get", "list", "patch")},
+                       "aegis-flow-setup": {"services": ("create", "get", "delete"),
+                                            "secrets": ("create",)}}
     with pytest.raises(ScenarioError, match="faults"):
         parse({"faults": [{"action": "explode"}]})
     with pytest.raises(ScenarioError, match="objects"):

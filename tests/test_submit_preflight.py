@@ -77,6 +77,7 @@ def test_the_fake_names_each_missing_object_with_its_command() -> None:
     assert {(f.need.kind, f.need.name, f.problem) for f in found} == {
         ("ServiceAccount", "aegis-flow", "missing"),
         ("ServiceAccount", "aegis-flow-executor", "missing"),
+        ("ServiceAccount", "aegis-flow-setup", "missing"),
         ("Secret", "aegis-auth", "missing"), ("Secret", "job-token", "missing")}
     text = "\n".join(report(NS, found))
     assert "aegis-flow install --namespace ml -o aegis.yaml && kubectl apply -f aegis.yaml" in text
@@ -85,7 +86,8 @@ def test_the_fake_names_each_missing_object_with_its_command() -> None:
     # all there, one key short
     cluster = FakeNodeApi(secrets={(NS, "aegis-auth"): set(AUTH_KEYS) - {"nats.conf"},
                                    (NS, "job-token"): {"token"}},
-                          service_accounts=[(NS, "aegis-flow"), (NS, "aegis-flow-executor")])
+                          service_accounts=[(NS, "aegis-flow"), (NS, "aegis-flow-executor"),
+                                            (NS, "aegis-flow-setup")])
     (only,) = missing(cluster, NS, needs(doc))
     assert (only.need.name, only.problem) == ("aegis-auth", "lacks key(s) nats.conf")
 
@@ -100,7 +102,7 @@ class Cluster:
 
     def add_everything(self, *, drop_key: str = "") -> None:
         b64 = base64.b64encode(b"x").decode()
-        for sa in ("aegis-flow", "aegis-flow-executor"):
+        for sa in ("aegis-flow", "aegis-flow-executor", "aegis-flow-setup"):
             self.api.objects[("serviceaccounts", NS, sa)] = {
                 "apiVersion": "v1", "kind": "ServiceAccount",
                 "metadata": {"name": sa, "namespace": NS}}

@@ -95,10 +95,13 @@ def test_workflow_level_settings(wf: dict[str, Any]) -> None:
     assert spec["ttlStrategy"]["secondsAfterCompletion"] == SPEC.ttl_seconds_after_completion
     assert spec["activeDeadlineSeconds"] == SPEC.active_deadline_seconds
     assert spec["onExit"] == "report" and spec["serviceAccountName"] == "aegis-flow-executor"
-    # W2: only the master and the quarantine step run as the account that may patch nodes
-    node_rights = sorted(t["name"] for t in spec["templates"]
-                         if t.get("serviceAccountName") == "aegis-flow")
-    assert node_rights == ["bootstrap-token", "master", "master-service", "quarantine"]
+    # W2: only the master and the quarantine step run as the account that may patch nodes;
+    # the first steps (a Service, a Secret) as the setup account; all others as the executor
+    accounts = {t["name"]: t.get("serviceAccountName") for t in spec["templates"]}
+    assert sorted(n for n, a in accounts.items() if a == "aegis-flow") == [
+        "master", "quarantine"]
+    assert sorted(n for n, a in accounts.items() if a == "aegis-flow-setup") == [
+        "bootstrap-token", "master-service"]
     assert wf["metadata"]["generateName"] == "aegis-job-"
 
 

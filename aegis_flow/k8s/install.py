@@ -1,11 +1,11 @@
 """``aegis-flow install``: the cluster-side manifests, rendered as plain dicts.
 
 - RBAC: the ``aegis-flow`` ServiceAccount (the master and the quarantine step only) with a
-  ClusterRole to get, list and patch nodes (quarantine) and get/list pods, and a namespaced
-  Role ``aegis-flow-master`` (services create/get/delete: the master's per-workflow Service;
-  secrets create: each workflow's bootstrap token; pods get/list); the
-  ``aegis-flow-executor`` ServiceAccount every other pod runs as (the
-  user's code: no node rights); a Role and binding for Argo's executor, for both accounts
+  ClusterRole to get, list and patch nodes (quarantine) and get/list pods; the
+  ``aegis-flow-setup`` ServiceAccount of a workflow's first steps, with a namespaced Role
+  (services create/get/delete: the master's per-workflow Service; secrets create: each
+  workflow's bootstrap token); the ``aegis-flow-executor`` ServiceAccount every other pod runs
+  as (the user's code: no rights); a Role and binding for Argo's executor, for every account
   (``workflowtaskresults`` create/patch, which Argo ≥ 3.4 needs to report outputs, and
   nothing else).
 - The ``aegis-checks`` WorkflowTemplate (reusable check steps, for ``templateRef``).
@@ -62,7 +62,7 @@ def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
 
 def rbac(o: InstallOptions) -> list[dict[str, Any]]:
     cluster_role = f"{o.service_account}-nodes"
-    master_role = f"{o.service_account}-master"
+    setup = f"{o.service_account}-setup"
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount",
          "metadata": _meta(o.service_account, o.namespace)},
@@ -85,20 +85,17 @@ def rbac(o: InstallOptions) -> list[dict[str, Any]]:
          "metadata": _meta(f"{o.service_account}-executor", o.namespace),
          "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": f"{o.service_account}-executor"},
          "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": o.namespace}
-                      for sa in (o.service_account, o.executor_service_account)]},
-        # the master's step: a per-workflow Service in front of the master pod; pods in its
-        # own namespace. Bound to the node-patching account only, never to the executor's.
-        {"apiVersion": f"{RBAC}/v1", "kind": "Role", "metadata": _meta(master_role, o.namespace),
+                      for sa in (o.service_account, o.executor_service_account, setup)]},
+        # a workflow's first steps: the Service in front of its master, and its own bootstrap
+        # token Secret. Their own account: neither node rights nor the user's code.
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(setup, o.namespace)},
+        {"apiVersion": f"{RBAC}/v1", "kind": "Role", "metadata": _meta(setup, o.namespace),
          "rules": [{"apiGroups": [""], "resources": ["services"],
                     "verbs": ["create", "get", "delete"]},
-                   # each workflow's own bootstrap token Secret (aegis-flow bootstrap-token)
-                   {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
-                   {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]},
-        {"apiVersion": f"{RBAC}/v1", "kind": "RoleBinding",
-         "metadata": _meta(master_role, o.namespace),
-         "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": master_role},
-         "subjects": [{"kind": "ServiceAccount", "name": o.service_account,
-                       "namespace": o.namespace}]},
+                   {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]},
+        {"apiVersion": f"{RBAC}/v1", "kind": "RoleBinding", "metadata": _meta(setup, o.namespace),
+         "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": setup},
+         "subjects": [{"kind": "ServiceAccount", "name": setup, "namespace": o.namespace}]},
     ]
 
 

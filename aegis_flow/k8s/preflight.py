@@ -33,7 +33,7 @@ DEFAULT_AUTH_DIR = "aegis-auth"  # where the commands below keep the operator ke
 @dataclass
 class Need:
     """One object the workflow needs: ``kind`` ServiceAccount or Secret; ``keys``: the Secret
-    keys it must have; ``role``: auth, bootstrap, tls, executor, nodes or other (picks the
+    keys it must have; ``role``: auth, bootstrap, tls, executor, nodes, setup or other (picks the
     command that creates it); ``by``: the templates that use it."""
 
     kind: str
@@ -80,7 +80,10 @@ def needs(workflow: dict[str, Any]) -> list[Need]:
     volumes = list(spec.get("volumes") or [])
     for t in spec.get("templates") or []:
         name = str(t.get("name", "?"))
-        add("ServiceAccount", t.get("serviceAccountName", ""), name, "nodes")
+        account = str(t.get("serviceAccountName", ""))
+        # the master's and quarantine's account, or the first steps' (JobSpec.setup_service_
+        # account: <that account>-setup); aegis-flow install makes both
+        add("ServiceAccount", account, name, "setup" if account.endswith("-setup") else "nodes")
         add("ServiceAccount", (t.get("executor") or {}).get("serviceAccountName", ""), name,
             "executor")
         for v in [*volumes, *(t.get("volumes") or [])]:
@@ -139,10 +142,12 @@ def install_command(namespace: str, *, nodes_account: str = "aegis-flow",
 def fix(need: Need, namespace: str, all_needs: list[Need]) -> tuple[str, ...]:
     """The commands that create ``need`` in ``namespace``."""
     if need.kind == "ServiceAccount":
-        if need.role not in ("nodes", "executor"):
+        if need.role not in ("nodes", "executor", "setup"):
             return (f"kubectl -n {namespace} create serviceaccount {need.name}",)
         accounts = {n.role: n.name for n in all_needs if n.kind == "ServiceAccount"}
-        return (install_command(namespace, nodes_account=accounts.get("nodes", "aegis-flow"),
+        nodes = accounts.get("nodes") or accounts.get("setup", "aegis-flow-setup").removesuffix(
+            "-setup")
+        return (install_command(namespace, nodes_account=nodes,
                                 executor_account=accounts.get("executor",
                                                               "aegis-flow-executor")),)
     if need.role == "auth":

@@ -62,7 +62,7 @@ def master_args(spec: JobSpec) -> list[str]:
 
 def service_template(spec: JobSpec) -> Resource:
     """``kubectl create`` of the master's Service, owned by the workflow (garbage-collected
-    with it). Run with the master's account (``services create``: ``aegis-flow install``)."""
+    with it). Run with the setup account (``services create``: ``aegis-flow install``)."""
     manifest = {
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": service_name(), "namespace": spec.namespace,
@@ -73,7 +73,7 @@ def service_template(spec: JobSpec) -> Resource:
                            {"name": c.METRICS_PORT_NAME, "port": spec.metrics_port,
                             "targetPort": c.METRICS_PORT_NAME}]}}
     return Resource(name=SERVICE_TEMPLATE, action="create", set_owner_reference=True,
-                    service_account_name=spec.service_account,
+                    service_account_name=spec.setup_service_account,
                     manifest=yaml.safe_dump(manifest, sort_keys=False))
 
 
@@ -83,10 +83,10 @@ TOKEN_TEMPLATE = "bootstrap-token"
 def token_template(spec: JobSpec) -> Container:
     """``aegis-flow bootstrap-token``: this workflow's own bootstrap token, made in the pod
     (never in the workflow's spec or status), in a Secret the workflow owns (deleted with it).
-    Run with the master's account (``secrets create``: ``aegis-flow install``)."""
+    Run with the setup account (``secrets create``: ``aegis-flow install``)."""
     return Container(
         name=TOKEN_TEMPLATE, image=spec.aegis_image,
-        service_account_name=spec.service_account,
+        service_account_name=spec.setup_service_account,
         command=["aegis-flow", "bootstrap-token", "--namespace", spec.namespace,
                  "--secret", spec.bootstrap_secret_name, "--workflow", "{{workflow.name}}",
                  "--workflow-uid", "{{workflow.uid}}"],

@@ -10,10 +10,9 @@ A scenario is the cluster and the faults around one run of a workflow::
     secrets:                    # the namespace's Secrets (name -> key -> value)
       aegis-bootstrap: {token: s3cret}
     parameters: {max-retry: "1"}        # like -p name=value (-p wins)
-    rbac:                       # service account -> verbs on nodes, or resource -> verbs
-      aegis-flow: {nodes: [get, list, patch], services: [create, get, delete],  # (default;
-                   secrets: [create]}
-      worker: [get]             #   a plain list: verbs on nodes)
+    rbac:                       # service account -> verbs on nodes (a list), or resource ->
+      aegis-flow: [get, list, patch]   # verbs (default: these two, as aegis-flow install)
+      aegis-flow-setup: {services: [create, get, delete], secrets: [create]}
     timeout: 300                # seconds before the rehearsal gives up (default 600)
     include: cluster.yaml       # another scenario beneath this one (relative path; this
                                 #   file's keys win, its pods rules come first)
@@ -66,8 +65,8 @@ DEFAULT_NODES = tuple(
     {"name": f"node-{i}", "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}
     for i in range(4))
 DEFAULT_RBAC: dict[str, dict[str, tuple[str, ...]]] = {
-    "aegis-flow": {"nodes": ("get", "list", "patch"), "services": ("create", "get", "delete"),
-                   "secrets": ("create",)}}
+    "aegis-flow": {"nodes": ("get", "list", "patch")},
+    "aegis-flow-setup": {"services": ("create", "get", "delete"), "secrets": ("create",)}}
 _TOP = {"nodes", "secrets", "parameters", "rbac", "timeout", "pods", "description", "include",
         "images", "objects", "faults", "controller-env", "workflowTemplates"}
 _POD = {"match", "template", "containers", "env", "host"}
