@@ -12,6 +12,12 @@ def _whole(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
 
 
+def whole_number(text: str) -> int:
+    """Any whole number: the range is checked with the rest of the configuration, so a bad
+    value gets the same one line whatever its sign (``--workers 0`` and ``-2`` alike)."""
+    return _whole(text)
+
+
 def positive_int(text: str) -> int:
     value = _whole(text)
     if value < 1:

@@ -221,6 +221,12 @@ def test_status_and_stop(tmp_path: Path) -> None:
     doc = job.status()
     assert doc["status"]["phase"] == "Failed"
     assert doc["status"]["stop_reason"] == "stopped by an operator"
+    assert "job stopped: stopped by an operator" in job.output  # not "job failed"
+    again = subprocess.run([*cli, "stop", "job", "--state-dir", str(tmp_path)],
+                           capture_output=True, text=True, timeout=30)
+    assert again.returncode == 1
+    assert again.stderr.splitlines()[0].startswith(
+        "aegis-flow stop: job 'job' is not running; it ended: job Failed: "), again.stderr
     assert_nothing_left(str(tmp_path))
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from aegis_flow import protocol as p
-from aegis_flow.argtypes import job_name, non_negative_int, port, positive_seconds
+from aegis_flow.argtypes import job_name, non_negative_int, port, positive_seconds, whole_number
 from aegis_flow.settings import LOCAL, MASTER, WORKER
 
 SubParsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -30,7 +30,7 @@ def add_parsers(sub: Any) -> None:
         "new job: the last run of the same --job in the same --state-dir is archived to "
         "STATE_DIR/JOB/runs/<id>/ when it ended; one that was interrupted is continued only with "
         "--resume (or archived with --fresh).")
-    r.add_argument("--workers", type=non_negative_int, required=True, help="number of ranks")
+    r.add_argument("--workers", type=whole_number, required=True, help="number of ranks")
     r.add_argument("--max-retry", type=non_negative_int, default=MASTER.max_retry,
                    help=f"max restarts (default {MASTER.max_retry})")
     r.add_argument("--give-up-on-repeat", action=argparse.BooleanOptionalAction,
@@ -277,9 +277,35 @@ def _status_cmd(a: argparse.Namespace) -> int:
     return status_command(a, _status)
 
 
+def _ended(a: argparse.Namespace) -> str | None:
+    """Why ``stop`` has nothing to stop (a local job that is not running), or None."""
+    from aegis_flow.local.runs import running_pid
+
+    job_dir = a.state_dir / a.job
+    if a.nats_url or running_pid(job_dir) is not None:
+        return None
+    final = job_dir / "status.json"
+    if final.is_file():
+        from aegis_flow.master.runtime import summary
+        from aegis_flow.master.store import decode_doc
+
+        try:
+            status, _ = decode_doc(final.read_bytes())
+        except ValueError:
+            return f"job {a.job!r} is not running (its final status {final} is unreadable)"
+        return f"job {a.job!r} is not running; it ended: {summary(status)}"
+    if not job_dir.is_dir():
+        return f"no job {a.job!r} in {a.state_dir} (give --state-dir, or --nats-url)"
+    return None
+
+
 def _stop(a: argparse.Namespace) -> int:
     import time
 
+    ended = _ended(a)
+    if ended is not None:
+        print(f"aegis-flow stop: {ended}", file=sys.stderr)
+        return 1
     url = _url(a)
     if url is None:
         print(f"aegis-flow stop: no NATS URL for job {a.job!r}; pass --nats-url",

@@ -139,6 +139,20 @@ class _GaveUp(Exception):
     """The runner restarted processes too often: it ends the run itself."""
 
 
+def usable_dir(path: Path) -> str | None:
+    """Create ``path`` (and its parents) and check it can be written: None, or why not, in a
+    few words (the errno's text, without a traceback)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".aegis-write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        return f"{exc.strerror or type(exc).__name__}" + (
+            f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else "")
+    return None
+
+
 def _error(text: str) -> int:
     """A refusal before anything started: one line, exit code 2."""
     sys.stderr.write(f"aegis-flow: error: {text}\n")
@@ -275,7 +289,10 @@ class LocalJob:
         raise _Interrupted(signum)
 
     def run(self) -> int:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        problem = usable_dir(self.state_dir)
+        if problem is not None:
+            return _error(f"cannot keep job {self.cfg.job!r} in {self.cfg.state_dir}: {problem} "
+                          "(choose a writable directory with --state-dir)")
         lock = RunLock(self.state_dir / LOCK_FILE)
         holder = lock.acquire()
         if holder is not None:
@@ -607,6 +624,7 @@ class LocalJob:
 
     def _outcome(self, master_code: int) -> int:
         status_file = self.state_dir / "status.json"
+        stopped = ""
         if status_file.exists():  # the user's summary, last thing before the verdict
             from aegis_flow.local.status import failure_tail, summary_of
 
@@ -614,6 +632,7 @@ class LocalJob:
             _say(summary_of(raw))
             for line in failure_tail(raw):  # what the failed rank printed last
                 _say(f"  {line}")
+            stopped = stop_reason_of(raw)
         if master_code in INDEPENDENT_CODES:  # the workers' exit codes decide
             bad = [c for _, c in sorted(self.worker_codes.items()) if c != 0]
             code = bad[0] if bad else 0
@@ -622,8 +641,19 @@ class LocalJob:
         if master_code == 0:
             _say("job succeeded")
             return 0
+        if stopped:  # an operator's stop (T12) or a rank not back in time: not a failure
+            _say(f"job stopped: {stopped}")
+            return 1
         _say(f"job failed (master exit code {master_code})")
         return 1
+
+
+def stop_reason_of(raw: bytes) -> str:
+    """The stop reason in a final status document ("" when the job was not stopped)."""
+    try:
+        return str(json.loads(raw).get("status", {}).get("stop_reason") or "")
+    except (ValueError, AttributeError):
+        return ""
 
 
 def run_job(cfg: RunConfig) -> int:
