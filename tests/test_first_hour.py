@@ -67,3 +67,39 @@ def test_stop_of_a_job_that_has_ended_says_how_it_ended(tmp_path: Path) -> None:
     assert out.stderr.splitlines() == [
         "aegis-flow stop: job 'mine' is not running; it ended: job Succeed: max restarts 3, "
         "restarted 1 times; hardware faults rescheduled 0 times"]
+
+
+def test_a_bare_python_runs_with_aegis_flows_interpreter() -> None:
+    from aegis_flow.local.runner import with_our_python
+
+    assert with_our_python(("python", "t.py"), "/v/bin/python") == (
+        ("/v/bin/python", "t.py"),
+        "running 'python' as /v/bin/python (the interpreter aegis-flow runs in; give a path "
+        "to use another)")
+    for explicit in (("/usr/bin/python3", "t.py"), ("./env/bin/python", "t.py"),
+                     ("bash", "run.sh")):
+        assert with_our_python(explicit, "/v/bin/python") == (explicit, "")
+
+
+@pytest.mark.e2e
+def test_the_readmes_own_job_runs_as_written_without_the_venv_activated(
+        tmp_path: Path) -> None:
+    """README "Run your own job locally", its first command verbatim, from a shell whose
+    PATH has no venv (the `python` it finds, if any, has no torch)."""
+    import os
+    import shlex
+
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("## Run your own job locally"):]
+    block = section[section.index("```sh\n") + 6:section.index("\n```", section.index("```sh"))]
+    (line,) = [x for x in block.splitlines() if x.startswith(".venv/bin/aegis-flow run")]
+    for name in (".venv", "examples"):  # the checkout as the user has it, in a fresh cwd
+        (tmp_path / name).symlink_to(root / name)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = "/usr/bin:/bin"
+    out = subprocess.run(shlex.split(line), cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "[aegis-flow] running 'python' as /" in out.stderr  # the venv's, with torch
+    assert "job succeeded" in out.stderr + out.stdout

@@ -143,13 +143,16 @@ def _master(args: list[str]) -> int:
 
 
 def _run(a: argparse.Namespace) -> int:
-    from aegis_flow.local.runner import RunConfig, run_job
+    from aegis_flow.local.runner import RunConfig, run_job, with_our_python
     from aegis_flow.settings import ConfigError, check_local, hang_thresholds, report
 
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not command:
         return _usage("no command given; put it after '--', e.g. "
                       "aegis-flow run --workers 2 -- python train.py")
+    command, note = with_our_python(tuple(command))
+    if note:
+        print(f"[aegis-flow] {note}", file=sys.stderr)
     hang: tuple[float | None, float | None] = (a.hang_after, a.hang_quit_after)
     try:
         if hang != (None, None):  # one given: the supervisors get both, the other defaulted

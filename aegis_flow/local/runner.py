@@ -139,6 +139,22 @@ class _GaveUp(Exception):
     """The runner restarted processes too often: it ends the run itself."""
 
 
+_BARE_PYTHON = ("python", "python3", f"python3.{sys.version_info.minor}")
+
+
+def with_our_python(command: tuple[str, ...], ours: str = sys.executable
+                    ) -> tuple[tuple[str, ...], str]:
+    """A command that starts with a bare ``python``/``python3`` runs with the interpreter
+    aegis-flow runs in (the one with torch, whether or not its venv is activated), and the
+    note that says so; a path (``/usr/bin/python3``, ``./venv/bin/python``) or any other
+    program is the user's explicit choice and is left alone. PURE."""
+    if not command or command[0] not in _BARE_PYTHON:
+        return command, ""
+    note = (f"running {command[0]!r} as {ours} (the interpreter aegis-flow runs in; give a "
+            "path to use another)")
+    return (ours, *command[1:]), note
+
+
 def usable_dir(path: Path) -> str | None:
     """Create ``path`` (and its parents) and check it can be written: None, or why not, in a
     few words (the errno's text, without a traceback)."""
