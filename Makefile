@@ -5,17 +5,28 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: demo test test-fast verify lint typecheck tlc bench clean proto image
 
-$(STAMP): pyproject.toml Makefile
+# what the demo needs: the package, torch (the CPU wheel) and matplotlib for its picture
+$(DEMO_STAMP): pyproject.toml Makefile
+	@echo "make: creating $(VENV) with $$($(PY) --version) (once; about 1.5 GB, a few minutes)"
 	$(PY) -m venv $(VENV)
+	@echo "make: installing pip, then $(TORCH_PIN) (the CPU build, the largest part)"
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)"
+	@echo "make: installing aegis-flow and what the demo needs (nats-server, matplotlib)"
+	$(BIN)/pip install -q -e ".[torch,report]" "$(TORCH_PIN)"
+	touch $(DEMO_STAMP)
+
+# and what the tests need besides: pytest, ruff, mypy, hera, the kubernetes client, NVML
+$(STAMP): $(DEMO_STAMP)
+	@echo "make: installing the test and cluster extras (pytest, ruff, mypy, hera, kubernetes)"
 	$(BIN)/pip install -q -e ".[dev,torch,k8s,report,gpu]" "$(TORCH_PIN)"
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/python -m aegis_flow.demo
 
 # unit, property and model tests on both cores (pure CPU work); then the end-to-end jobs one at

@@ -103,3 +103,18 @@ def test_the_readmes_own_job_runs_as_written_without_the_venv_activated(
     assert out.returncode == 0, out.stderr[-3000:]
     assert "[aegis-flow] running 'python' as /" in out.stderr  # the venv's, with torch
     assert "job succeeded" in out.stderr + out.stdout
+
+
+def test_status_says_each_ranks_state_in_words() -> None:
+    from aegis_flow.local.status import render
+    from aegis_flow.master.machine import Ack, Error, initial_status, step
+    from aegis_flow.master.store import encode_doc
+
+    s = initial_status(2, 3)
+    for r in range(2):
+        s, _ = step(s, Ack(r, f"pod-{r}", node=f"n{r}"))
+    s, _ = step(s, Error(1, s.seq, cause="SIGKILL"))
+    table = render(encode_doc(s))
+    assert "True" not in table and "False" not in table
+    header = next(line for line in table.splitlines() if line.lstrip().startswith("rank"))
+    assert header.split()[:5] == ["rank", "inner", "phase", "retries", "state"]

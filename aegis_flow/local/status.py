@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from aegis_flow.master.model import Phase
+from aegis_flow.master.model import Phase, PodInfo
 from aegis_flow.master.runtime import summary
 from aegis_flow.master.store import decode_doc
 from aegis_flow.phases import step_of
@@ -25,13 +25,13 @@ def render(raw: bytes) -> str:
         f"recoverCount {status.recover_count} (max-retry {status.max_retry})",
         f"errorNodes   {', '.join(sorted(status.error_nodes)) or '-'}",
         "",
-        f"{'rank':>4}  {'inner phase':<16} {'retries':>7}  {'finished':<8} {'restarting':<10} "
+        f"{'rank':>4}  {'inner phase':<16} {'retries':>7}  {'state':<12} "
         f"{'node':<18} last reason",
     ]
     for pod in status.workers:
         lines.append(
-            f"{pod.rank:>4}  {pod.phase.value:<16} {pod.retries:>7}  {str(pod.finished):<8} "
-            f"{str(pod.restarting):<10} {pod.node or '-':<18} {pod.last_reason or '-'}")
+            f"{pod.rank:>4}  {pod.phase.value:<16} {pod.retries:>7}  {rank_state(pod):<12} "
+            f"{pod.node or '-':<18} {pod.last_reason or '-'}")
     events = doc.get("events") or []
     if events:
         lines += ["", "last events:"] + [f"  {e}" for e in events[-10:]]
@@ -45,6 +45,13 @@ def render(raw: bytes) -> str:
         lines += ["", stopped]
     lines += ["", summary_of(raw)]
     return "\n".join(lines)
+
+
+def rank_state(pod: PodInfo) -> str:
+    """A rank's two flags in words: done with the current phase, being replaced, or at work."""
+    if pod.restarting:
+        return "restarting"
+    return "done" if pod.finished else "working"
 
 
 def stopped_line(doc: dict[str, Any], phase: Phase) -> str:
