@@ -443,8 +443,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "messages both ways", "tests/test_local_e2e.py", test_only=True),
     EnvVar("AEGIS_TEST_SLOW_RANK", parse_str, "the allreduce_performance check",
            "R:SECONDS: rank R sleeps that long in each send", "tests", test_only=True),
-    EnvVar("AEGIS_TIMING", parse_bool, "master", "log an AEGIS_APPLIED line per applied event",
-           "bench/recovery.py", test_only=True),
+    EnvVar("AEGIS_TIMING", parse_bool, "master; examples/train_ddp.py",
+           "log an AEGIS_APPLIED line per applied event; the example prints its "
+           "AEGIS_FIRST_STEP* and AEGIS_RATE markers", "bench/, the recovery tests",
+           test_only=True),
 )
 ENV: dict[str, EnvVar] = {v.name: v for v in ENV_VARS}
 

@@ -264,6 +264,7 @@ class Proc:
 def base_env() -> dict[str, str]:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"
+    env["AEGIS_TIMING"] = "1"  # train_ddp's AEGIS_FIRST_STEP_INFO / AEGIS_RATE markers
     for k in (
         "RANK",
         "LOCAL_RANK",

@@ -397,7 +397,8 @@ def reference_sha(steps: int, work_dir: Path, timeout: float = 120.0) -> str:
     port = free_port()
     procs = []
     for rank in range(WORKERS):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": str(rank),
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "AEGIS_TIMING": "1", "RANK": str(rank),
+               "LOCAL_RANK": str(rank),
                "WORLD_SIZE": str(WORKERS), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "AEGIS_RESTART_COUNT": "0"}
         env.pop(CUDA_ENV, None)
@@ -445,7 +446,7 @@ class Job:
                 "--job", self.name, "--workers", str(WORKERS), "--max-retry",
                 str(plan.max_retry), "--quiet", *injects, "--",
                 *train_command(steps, step_time, job_dir / "ck")]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "AEGIS_PRELOAD": PRELOAD,
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "AEGIS_TIMING": "1", "AEGIS_PRELOAD": PRELOAD,
                TAG_ENV: str(job_dir)}
         env.pop(CUDA_ENV, None)
         for f in plan.faults:

@@ -16,12 +16,14 @@ Output (everything else is silent):
 
 * every rank, at start: ``rank R/W restart_count C backend B``;
 * every rank that resumes: ``resumed from step X``;
-* every rank, right after its first optimizer step in this process:
+* with ``AEGIS_TIMING=1`` (the benchmarks and tests that time recoveries set it), every rank,
+  right after its first optimizer step in this process:
   ``AEGIS_FIRST_STEP <unix time>`` and, on the next line,
   ``AEGIS_FIRST_STEP_INFO rank R restart N pid P at <the same time>`` (N: AEGIS_RESTART_COUNT,
   else TORCHELASTIC_RESTART_COUNT, else 0); the recovery benchmark reads them;
 * rank 0, every ``--checkpoint-every`` steps: ``step S loss L``;
-* every rank, at the end: ``AEGIS_RATE <steps/s>`` over the steps this process ran, not
+* with ``AEGIS_TIMING=1``, every rank, at the end: ``AEGIS_RATE <steps/s>`` over the steps
+  this process ran, not
   counting the first one (``nan`` when it ran fewer than two; the overhead benchmark reads it);
 * rank 0, at the end: ``done: final step N, loss L, params checksum C``.
 
@@ -64,6 +66,8 @@ except ImportError:
 
 IN_DIM, HIDDEN, OUT_DIM, BATCH = 16, 32, 4, 64
 CHECKPOINT_NAME = "latest.pt"
+# the benchmark markers (AEGIS_FIRST_STEP*, AEGIS_RATE): only when asked for
+TIMING = os.environ.get("AEGIS_TIMING", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -217,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if backend == "nccl" else None)
     loss_fn = nn.MSELoss()
     loss_value = float("nan")
-    first_step_reported = False
+    first_step_reported = timing_printed = False
     first_step_time = 0.0
     for step in range(last_done + 1, args.steps + 1):
         if step == args.fail_at_step and rank == args.fail_rank and restart_count == 0:
@@ -232,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         opt.step()
         if not first_step_reported:
             first_step_time = time.time()
+            first_step_reported = True
+        if TIMING and not timing_printed:
+            timing_printed = True
             shown_restart = env_int("AEGIS_RESTART_COUNT", env_int("TORCHELASTIC_RESTART_COUNT", 0))
             # one write, so the two lines stay together even in a shared pipe (torchrun)
             print(
@@ -240,7 +247,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"at {first_step_time:.6f}",
                 flush=True,
             )
-            first_step_reported = True
         report_progress(step)
         if step % args.checkpoint_every == 0 or step == args.steps:
             loss_value = float(loss.item())
@@ -256,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     steps_run = max(0, args.steps - last_done)
     elapsed = time.time() - first_step_time if steps_run >= 2 else 0.0
     rate = (steps_run - 1) / elapsed if elapsed > 0 else float("nan")
-    print(f"AEGIS_RATE {rate:.3f}", flush=True)
+    if TIMING:
+        print(f"AEGIS_RATE {rate:.3f}", flush=True)
 
     final_step = max(last_done, args.steps)
     if rank == 0:

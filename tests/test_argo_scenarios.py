@@ -237,7 +237,8 @@ def test_the_master_pod_killed_mid_run_comes_back_and_resumes(tmp_path: Path) ->
 
 def test_a_deleted_worker_pod_is_recreated_and_the_job_recovers(tmp_path: Path) -> None:
     sc = stack(tmp_path, faults=[{"template": "worker", "match": "*run(1:1)*",
-                                  "when-log": "AEGIS_FIRST_STEP", "action": "delete-pod"}])
+                                  "when-log": "restart_count 0", "after": 6,
+                                  "action": "delete-pod"}])
     r = run(tmp_path, sc, picture="pod-deleted")
     decision = assert_succeeded_clean(r)
     first, second = pods_of(r, "run(1:1)")

@@ -35,7 +35,8 @@ pytestmark = pytest.mark.e2e
 ONCE_CUDA = str(ROOT / "tests" / "fixtures" / "once_cuda.py")
 USERBUG = str(ROOT / "tests" / "fixtures" / "userbug.py")
 #: the zygote preloads torch, as the review ran it ("pre-warmed interpreter on"): fast restarts
-TORCH_PRELOAD = {"AEGIS_PRELOAD": "torch,torch._dynamo,torch.nn.parallel,torch.distributed"}
+TORCH_PRELOAD = {"AEGIS_PRELOAD": "torch,torch._dynamo,torch.nn.parallel,torch.distributed",
+                 "AEGIS_TIMING": "1"}  # train_ddp's AEGIS_FIRST_STEP markers
 STEPS = 100  # train_ddp steps (see train)
 MAX_RETRY = 3
 

@@ -51,6 +51,7 @@ class Launcher:
         for r in range(WORLD):
             env = dict(os.environ)
             env.update(
+                AEGIS_TIMING="1",  # the AEGIS_FIRST_STEP / AEGIS_RATE markers
                 RANK=str(r),
                 LOCAL_RANK=str(r),
                 WORLD_SIZE=str(WORLD),
