@@ -118,3 +118,37 @@ def test_status_says_each_ranks_state_in_words() -> None:
     assert "True" not in table and "False" not in table
     header = next(line for line in table.splitlines() if line.lstrip().startswith("rank"))
     assert header.split()[:5] == ["rank", "inner", "phase", "retries", "state"]
+
+
+@pytest.mark.parametrize(("command", "first_line"), [
+    (["python", "nosuchfile.py"], "aegis-flow: error: the script 'nosuchfile.py' does not exist "
+                                  "(in {cwd}): nothing was started"),
+    (["nosuchcmd", "--foo"], "aegis-flow: error: the command 'nosuchcmd' is not found on PATH: "
+                             "nothing was started"),
+    (["./nope.sh"], "aegis-flow: error: the command './nope.sh' is not an executable file "
+                    "(in {cwd}): nothing was started"),
+], ids=["script", "command", "path"])
+def test_a_command_that_cannot_start_is_refused_at_once(tmp_path: Path, command: list[str],
+                                                        first_line: str) -> None:
+    out = cli("run", "--workers", "2", "--state-dir", str(tmp_path / "state"), "--", *command,
+              cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [first_line.format(cwd=tmp_path)]
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.e2e
+def test_the_users_own_exception_is_shown_without_our_frames(tmp_path: Path) -> None:
+    """A script that raises: the job fails at the second identical failure (T16), and what the
+    user reads is their own traceback, not the pre-warmed interpreter's frames."""
+    (tmp_path / "bug.py").write_text("def load():\n    raise ValueError('my bug: shape "
+                                     "mismatch')\n\n\nload()\n")
+    out = cli("run", "--workers", "2", "--quiet", "--state-dir", str(tmp_path / "state"), "--",
+              "python", "bug.py", cwd=tmp_path)
+    assert out.returncode == 1
+    text = out.stdout + out.stderr
+    assert "zygote.py" not in text and "runpy" not in text
+    assert 'File "bug.py", line 2, in load' in text  # as `python bug.py` shows it
+    summary = next(line for line in text.splitlines()
+                   if line.startswith("[aegis-flow] job Failed: "))
+    assert "the same error: ValueError: my bug: shape mismatch" in summary, summary

@@ -143,7 +143,9 @@ def _master(args: list[str]) -> int:
 
 
 def _run(a: argparse.Namespace) -> int:
-    from aegis_flow.local.runner import RunConfig, run_job, with_our_python
+    import shutil
+
+    from aegis_flow.local.runner import RunConfig, command_problem, run_job, with_our_python
     from aegis_flow.settings import ConfigError, check_local, hang_thresholds, report
 
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
@@ -151,6 +153,9 @@ def _run(a: argparse.Namespace) -> int:
         return _usage("no command given; put it after '--', e.g. "
                       "aegis-flow run --workers 2 -- python train.py")
     command, note = with_our_python(tuple(command))
+    problem = command_problem(command, Path.cwd(), shutil.which)
+    if problem is not None:
+        return _usage(f"{problem}: nothing was started")
     if note:
         print(f"[aegis-flow] {note}", file=sys.stderr)
     hang: tuple[float | None, float | None] = (a.hang_after, a.hang_quit_after)

@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -153,6 +154,25 @@ def with_our_python(command: tuple[str, ...], ours: str = sys.executable
     note = (f"running {command[0]!r} as {ours} (the interpreter aegis-flow runs in; give a "
             "path to use another)")
     return (ours, *command[1:]), note
+
+
+def command_problem(command: tuple[str, ...], cwd: Path,
+                    which: Callable[[str], str | None]) -> str | None:
+    """Why the command cannot start on this machine (every rank would fail the same way, so
+    no retry could help), or None. A Python script must exist; a program must be found."""
+    from aegis_flow.supervisor.prewarm import python_command
+
+    program = command[0]
+    if "/" in program:
+        if not os.access(cwd / program, os.X_OK) or (cwd / program).is_dir():
+            return f"the command {program!r} is not an executable file (in {cwd})"
+    elif which(program) is None:
+        return f"the command {program!r} is not found on PATH"
+    if python_command(command):
+        rest = [a for a in command[1:] if a != "-u"]
+        if rest[0] != "-m" and not (cwd / rest[0]).is_file():
+            return f"the script {rest[0]!r} does not exist (in {cwd})"
+    return None
 
 
 def usable_dir(path: Path) -> str | None:

@@ -102,8 +102,8 @@ def _child(req: dict[str, object], out_fd: int, sock: socket.socket) -> None:
         else:
             sys.stderr.write(f"{exc.code}\n")
             code = 1
-    except BaseException:  # noqa: BLE001 - report like the interpreter would
-        traceback.print_exc()
+    except BaseException as exc:  # noqa: BLE001 - report like the interpreter would
+        sys.stderr.write(user_traceback(exc))
         code = 1
     finally:
         try:
@@ -111,6 +111,21 @@ def _child(req: dict[str, object], out_fd: int, sock: socket.socket) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code & 0xFF)
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback as ``python script.py`` would print it: the frames of this pre-warmed
+    interpreter and of ``runpy`` that lead into the user's code are left out (a user reading
+    them would think aegis-flow crashed)."""
+    import runpy
+
+    te = traceback.TracebackException.from_exception(exc)
+    ours = {os.path.abspath(__file__), "<frozen runpy>", getattr(runpy, "__file__", "")}
+    frames = list(te.stack)
+    while frames and frames[0].filename in ours:
+        frames.pop(0)
+    te.stack = traceback.StackSummary.from_list(frames)
+    return "".join(te.format())
 
 
 def main() -> int:
