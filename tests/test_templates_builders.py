@@ -120,7 +120,7 @@ def test_master_is_a_retried_step_behind_a_service_that_writes_its_decision() ->
     assert "maxDuration" not in m["retryStrategy"]["backoff"]
     svc = built(service_template(SPEC))
     assert svc["resource"]["action"] == "create"
-    assert svc["serviceAccountName"] == "aegis-flow"
+    assert svc["serviceAccountName"] == "aegis-flow-setup"  # services create, no node rights
 
 
 def test_a_job_file_can_name_its_own_nats_and_timeouts() -> None:
