@@ -134,6 +134,8 @@ def test_run_settings_reach_the_workers(tmp_path: Path,
         return 0
 
     monkeypatch.setattr(runner, "run_job", run_job)
+    (tmp_path / "train.py").write_text("")  # a script that exists: the CLI checks it does
+    monkeypatch.chdir(tmp_path)
     assert cli.main(["run", "--workers", "2", "--state-dir", str(tmp_path),
                      "--hang-after", "7", "--check-budget", "io=5",
                      "--check-budget", "gpu=2.5",
