@@ -27,20 +27,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from aegis_flow.argo.rehearse.podspec import fnv32a, node_id
+
 MAX_ARG_STRLEN = 128 * 1024  # the kernel's limit on one argv/env string
 MAX_WORKFLOW_SIZE = 1024 * 1024  # Argo's default MAX_WORKFLOW_SIZE (workflow/packer)
-
-
-def fnv32a(text: str) -> int:
-    h = 0x811C9DC5
-    for byte in text.encode():
-        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
-    return h
-
-
-def node_id(workflow: str, name: str) -> str:
-    """Argo's node ID: the workflow name and the FNV-32a of the node's full name."""
-    return f"{workflow}-{fnv32a(name)}"
 
 
 def strings(wf: dict[str, Any]) -> Iterator[tuple[str, str]]:

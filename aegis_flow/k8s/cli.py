@@ -84,7 +84,8 @@ def add_parsers(sub: Any) -> None:
                    help="Secret with the operator-mode nats.conf and the master's keys "
                    "(aegis-flow nats-bootstrap)")
     i.add_argument("--bootstrap-secret", default="aegis-bootstrap",
-                   help="Secret with the jobs' bootstrap token (key 'token')")
+                   help="Secret with a bootstrap token (key 'token') for jobs rendered with "
+                   "--bootstrap-secret (by default each workflow makes its own)")
     i.add_argument("--create-secrets", type=Path, metavar="DIR",
                    help="also render both Secrets: the NATS operator keys are made (once; "
                    "existing ones are kept) in DIR as 'aegis-flow nats-bootstrap DIR' does, the "

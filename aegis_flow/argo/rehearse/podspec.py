@@ -107,22 +107,13 @@ def build_pod_spec(tmpl: dict[str, Any], wf_spec: dict[str, Any], *, script: boo
     }
     if tmpl.get("initContainers"):
         spec["initContainers"] = [_mirror(dict(c), main) for c in tmpl["initContainers"]]
-    for key in ("nodeSelector", "tolerations", "affinity", "serviceAccountName",
-                "automountServiceAccountToken", "terminationGracePeriodSeconds",
-                "priorityClassName", "schedulerName", "securityContext", "hostAliases"):
-        value = tmpl.get(key, wf_spec.get(key))
-        if value is not None:
-            spec[key] = copy.deepcopy(value)
-    if active_deadline is not None:
-        spec["activeDeadlineSeconds"] = active_deadline
-    for patch in (wf_spec.get("podSpecPatch"), tmpl.get("podSpecPatch")):
-        if patch:
-            spec = strategic_merge_patch(spec, _parse_patch(patch))
-    if failed_hosts:
-        spec["affinity"] = add_hostnames_to_affinity(failed_hosts, spec.get("affinity"))
-    return spec
+    return _scheduling(spec, tmpl, wf_spec, POD_FIELDS, active_deadline, failed_hosts)
 
 
+# pod fields a template (else the workflow) sets; a resource pod takes the first six
+POD_FIELDS = ("nodeSelector", "tolerations", "affinity", "serviceAccountName",
+              "automountServiceAccountToken", "terminationGracePeriodSeconds",
+              "priorityClassName", "schedulerName", "securityContext", "hostAliases")
 EXECUTOR_IMAGE = "quay.io/argoproj/argoexec:v4.0.5"
 TERMINATION_LOG = "/tmp/termination-log"  # Argo's is /dev/termination-log (see argoexec.py)
 
@@ -143,8 +134,15 @@ def _resource_pod_spec(tmpl: dict[str, Any], wf_spec: dict[str, Any], *,
                                                                   separators=(",", ":"))}],
             "terminationMessagePath": TERMINATION_LOG}
     spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [main], "volumes": []}
-    for key in ("nodeSelector", "tolerations", "affinity", "serviceAccountName",
-                "automountServiceAccountToken", "terminationGracePeriodSeconds"):
+    return _scheduling(spec, tmpl, wf_spec, POD_FIELDS[:6], active_deadline, failed_hosts)
+
+
+def _scheduling(spec: dict[str, Any], tmpl: dict[str, Any], wf_spec: dict[str, Any],
+                keys: tuple[str, ...], active_deadline: int | None,
+                failed_hosts: list[str] | None) -> dict[str, Any]:
+    """What both kinds of pod take from the template (else the workflow): ``keys``, the
+    deadline, both ``podSpecPatch``es, then the retry's node anti-affinity."""
+    for key in keys:
         value = tmpl.get(key, wf_spec.get(key))
         if value is not None:
             spec[key] = copy.deepcopy(value)
