@@ -67,6 +67,10 @@ class MasterDefaults:
         "--linger", "seconds the master keeps re-sending its final order to laggards"))
     jwt_lifetime: float = field(default=3600.0, metadata=_doc(
         "--jwt-lifetime", "seconds a worker's NATS credentials live (renewed at 2/3)"))
+    revoke_grace: float = field(default=30.0, metadata=_doc(
+        "--revoke-grace", "seconds an evicted worker keeps its NATS access, so one that was "
+        "reconnecting when its exit order went out still gets it (its successor's "
+        "registration revokes it at once)"))
     give_up_on_repeat: bool = field(default=True, metadata=_doc(
         "--give-up-on-repeat", "the same exception at the same step twice in a row on one rank "
         "ends the job (a deterministic error, T16) instead of using up the retries"))

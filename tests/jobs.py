@@ -55,6 +55,30 @@ class Output:
         return "\n".join(self.lines)
 
 
+class Proc(Output):
+    """A master or supervisor process (``jobs.Output``) that may be killed and waited on."""
+
+    ended_at: float | None = None
+
+    def wait(self, timeout: float) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running after {timeout:.1f} s; output:\n"
+                                 f"{self.output}") from None
+        self.ended_at = time.monotonic()
+        self._reader.join(timeout=10)
+        return rc
+
+    def index(self, text: str) -> int:
+        return next(i for i, line in enumerate(self.lines) if text in line)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
 class Job(Output):
     """``aegis-flow run`` in a subprocess; output collected line by line."""
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from aegis_flow.local.natsserver import EmbeddedNats
-from tests.jobs import Output, assert_nothing_left
+from tests.jobs import Proc, assert_nothing_left
 
 pytestmark = pytest.mark.e2e
 
@@ -36,30 +35,6 @@ time.sleep(float(sys.argv[1 + rank]))
 print(f"rank {rank} done", flush=True)
 sys.exit(int(sys.argv[3 + rank]))
 """
-
-
-class Proc(Output):
-    """A master or supervisor process (``jobs.Output``) that may be killed and waited on."""
-
-    ended_at: float | None = None
-
-    def wait(self, timeout: float) -> int:
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"still running after {timeout:.1f} s; output:\n"
-                                 f"{self.output}") from None
-        self.ended_at = time.monotonic()
-        self._reader.join(timeout=10)
-        return rc
-
-    def index(self, text: str) -> int:
-        return next(i for i, line in enumerate(self.lines) if text in line)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=10)
 
 
 def test_workers_finish_on_their_own_when_the_master_is_gone(tmp_path: Path) -> None:

@@ -130,3 +130,21 @@ def test_prewarmed_interpreter_runs_a_warm_module_with_dash_m_like_a_cold_python
     text = "\n".join(lines)
     assert "T10" in text or "hardware" in text  # the diagnosis table really printed
     assert "RuntimeWarning" not in text and "found in sys.modules" not in text
+
+
+def test_refused_credentials_are_told_from_network_faults() -> None:
+    import nats.errors
+
+    from aegis_flow.supervisor.agent import lockout_exit_code, refused_credentials
+
+    assert refused_credentials(nats.errors.AuthorizationError())
+    assert refused_credentials(nats.errors.Error("nats: -ERR 'Authorization Violation'"))
+    assert refused_credentials(nats.errors.Error("nats: 'User Authentication Revoked'"))
+    assert refused_credentials(nats.errors.Error("nats: 'User Authentication Expired'"))
+    for fault in (ConnectionRefusedError(111, "Connection refused"), asyncio.TimeoutError(),
+                  nats.errors.StaleConnectionError(), nats.errors.Error("nats: slow consumer"),
+                  None):
+        assert not refused_credentials(fault), fault
+    # a retired worker's pod is recreated unless its command had already succeeded
+    assert lockout_exit_code(None) == lockout_exit_code(1) == lockout_exit_code(-9) == 71
+    assert lockout_exit_code(0) == 0

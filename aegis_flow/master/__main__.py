@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     sec.add_argument("--jwt-lifetime", type=positive_seconds, default=MASTER.jwt_lifetime,
                      help="seconds a worker's JWT lives (renewed at 2/3; default "
                      f"{MASTER.jwt_lifetime:g})")
+    sec.add_argument("--revoke-grace", type=positive_seconds, default=MASTER.revoke_grace,
+                     help=_help("revoke_grace"))
     sec.add_argument("--advertise-nats-url", action="append", default=[],
                      help="NATS URL workers should dial (default: --nats-url); repeatable")
     ap.add_argument("--quarantine-nodes", action="store_true",
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             security = CredsService(SecurityConfig(
                 auth_dir=a.auth_dir, token=token, grpc_listen=a.grpc_listen,
                 tls_cert=a.tls_cert, tls_key=a.tls_key, tls_client_ca=a.tls_client_ca,
-                jwt_lifetime=a.jwt_lifetime,
+                jwt_lifetime=a.jwt_lifetime, revoke_grace=a.revoke_grace,
                 advertise_nats_urls=tuple(a.advertise_nats_url)),
                 job=a.job, namespace=a.namespace, workers=a.workers, nats_url=a.nats_url)
         except (ValueError, AuthDirError) as exc:

@@ -22,6 +22,7 @@ from typing import Any
 from aegis_flow.security import issuer as iss
 from aegis_flow.security import natsjwt as nj
 from aegis_flow.security import operator
+from aegis_flow.settings import MASTER
 
 log = logging.getLogger("aegis_flow.master.creds")
 MASTER_JWT_LIFETIME = 24 * 3600.0
@@ -35,9 +36,12 @@ class SecurityConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""  # require client certificates signed by this CA
-    jwt_lifetime: float = 3600.0
+    jwt_lifetime: float = MASTER.jwt_lifetime
     advertise_nats_urls: tuple[str, ...] = ()  # what workers dial (default: the master's URL)
-    revoke_grace: float = 1.0  # let an exit order reach an evicted worker before cutting it off
+    # How long an evicted worker keeps its NATS access: long enough that one reconnecting when
+    # its exit order went out comes back, heartbeats and gets the order re-sent (the core
+    # re-sends it to an old incarnation). Its successor's registration revokes it at once.
+    revoke_grace: float = MASTER.revoke_grace
 
 
 class CredsService:
@@ -58,6 +62,7 @@ class CredsService:
         self.port = 0
         self._server: Any = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._evicted: dict[int, list[str]] = {}  # rank → keys whose revocation is pending
         self._sys: Any = None
 
     # -- the master's own NATS user ----------------------------------------------------------
@@ -128,14 +133,18 @@ class CredsService:
         self.issuer.end()
 
     def evict(self, rank: int) -> None:
-        """A quarantined or evicted worker: revoke its keys after ``revoke_grace`` seconds."""
+        """A quarantined or evicted worker: no renewals from now on; its keys are revoked on
+        NATS after ``revoke_grace`` seconds, or as soon as its successor registers."""
         keys = self.issuer.evict(rank)
         if keys:
-            self._spawn(self._revoke_later(keys, self.cfg.revoke_grace))
+            self._evicted.setdefault(rank, []).extend(keys)
+            self._spawn(self._revoke_later(rank, self.cfg.revoke_grace))
 
-    async def _revoke_later(self, keys: list[str], delay: float) -> None:
+    async def _revoke_later(self, rank: int, delay: float) -> None:
         await asyncio.sleep(delay)
-        await self.revoke(keys)
+        keys = self._evicted.pop(rank, [])
+        if keys:
+            await self.revoke(keys)
 
     async def revoke(self, keys: list[str]) -> None:
         """Add ``keys`` to the account's revocation list and push the re-signed account JWT to
@@ -169,6 +178,8 @@ class CredsService:
     # -- requests ----------------------------------------------------------------------------
     def sync(self, req: iss.Request) -> iss.Grant:
         grant, stale = self.issuer.sync(req, now=time.time())
+        if req.worker.isdigit():  # a successor: its evicted predecessor goes now
+            stale = stale + self._evicted.pop(int(req.worker), [])
         if stale:
             self._spawn(self.revoke(stale))
         return grant

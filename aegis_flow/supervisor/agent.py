@@ -75,6 +75,26 @@ class WorkerConfig:
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
+# What NATS says (as nats-py words it) when it refuses a user's credentials: at connect
+# ("Authorization Violation"), or to a connected user whose key was revoked or ran out.
+_REFUSALS = ("authorization violation", "authorization failed", "authentication revoked",
+             "authentication expired")
+LOCKOUT_GRACE = 10.0  # seconds of refused credentials before a worker concludes it was retired
+
+
+def refused_credentials(exc: BaseException | None) -> bool:
+    """Is this NATS error the server refusing our credentials (not a network fault)?"""
+    text = str(exc or "").lower()
+    return any(word in text for word in _REFUSALS)
+
+
+def lockout_exit_code(command_code: int | None) -> int:
+    """The exit code of a worker whose credentials the master revoked before it heard its exit
+    order: 0 when its command had succeeded, else 71, so the workflow recreates the pod (a new
+    pod gets new credentials and rejoins as a new incarnation, which the master expects)."""
+    return 0 if command_code == 0 else int(ExitCode.CONTAINER_RESTART)
+
+
 def _warn(text: str) -> None:
     sys.stderr.write(f"[aegis-flow worker] {text}\n")
     sys.stderr.flush()
@@ -187,6 +207,11 @@ class Supervisor:
         self._nats_error_at = float("-inf")  # the last NATS error said (rate-limited)
         self._nats_errors = 0
         self.orphaned = False
+        # credentials refused (revoked, expired) since this moment, and why; cleared on a
+        # reconnect. Refused for LOCKOUT_GRACE: the master retired this worker (_master_watch)
+        self.refused_since: float | None = None
+        self.refused_why = ""
+        self.locked_out = False
         self.command_code: int | None = None
         self.zygote: Zygote | None = None
         self.progress: ProgressSocket | None = None
@@ -379,7 +404,12 @@ class Supervisor:
         else:
             await self.report(p.MsgType.ERROR, self._error_report(status, ended_at),
                               seq=msg.seq)
-        if self.orphaned:  # no master to decide: the command's exit code is ours
+        if self.locked_out:  # no master can reach us again: a new pod must come
+            code = lockout_exit_code(status.shell_code)
+            _warn(f"the command ended ({status.cause}) while this worker is locked out: "
+                  f"exiting with code {code}")
+            self._finish(code)
+        elif self.orphaned:  # no master to decide: the command's exit code is ours
             _warn(f"the command ended ({status.cause}) with no master: exiting with code "
                   f"{status.shell_code}")
             self._finish(status.shell_code)
@@ -491,7 +521,7 @@ class Supervisor:
                 max_reconnect_attempts=-1, reconnect_time_wait=0.5, ping_interval=2,
                 max_outstanding_pings=3, allow_reconnect=True,
                 error_cb=self._nats_error, disconnected_cb=None,
-                reconnected_cb=self._nats_back, **auth),
+                reconnected_cb=self._nats_back, closed_cb=self._nats_closed, **auth),
                 self.cfg.connect_timeout)
         except Exception as exc:  # noqa: BLE001 - any failure to connect means fall back
             return await self.run_independent(f"cannot reach NATS at {self.cfg.nats_url}: {exc}")
@@ -542,6 +572,8 @@ class Supervisor:
         """While NATS is out the client fails twice a second: say so once, then every 30 s
         with a count (training goes on meanwhile; the heartbeats resume on reconnect)."""
         now = time.monotonic()
+        if refused_credentials(exc):
+            self._refused(now, exc)
         self._nats_errors += 1
         if now - self._nats_error_at >= 30.0:
             more = f" ({self._nats_errors - 1} more since)" if self._nats_errors > 1 else ""
@@ -552,6 +584,20 @@ class Supervisor:
         if self._nats_error_at > float("-inf"):
             _warn("NATS: reconnected")
         self._nats_error_at, self._nats_errors = float("-inf"), 0
+        self.refused_since, self.refused_why = None, ""
+
+    async def _nats_closed(self) -> None:
+        """The client closed without our asking: the server dropped us for good (a revoked
+        key: "User Authentication Revoked"); nats-py never reconnects a closed client."""
+        if self.exit_code is None or self.exit_code.done():
+            return  # our own shutdown
+        last = getattr(self.nc, "last_error", None)
+        self._refused(time.monotonic(), last or "the server closed the connection")
+
+    def _refused(self, now: float, why: object) -> None:
+        if self.refused_since is None:
+            self.refused_since = now
+        self.refused_why = str(why).strip() or type(why).__name__
 
     async def _beat_loop(self) -> None:
         while True:
@@ -601,11 +647,13 @@ class Supervisor:
         becomes the worker's (``_run_child``); a worker with no command running exits at once,
         with its last run's code."""
         bound = self.cfg.orphan_timeout
-        interval = max(0.1, min(5.0, bound / 8))
+        interval = max(0.1, min(1.0, bound / 8))
         while True:
             await asyncio.sleep(interval)
             if self.seq < 0:  # no order yet: the master timeout's business (_beat_loop)
                 continue
+            if self._lockout_check():
+                return
             if time.monotonic() - self.master_seen_at > bound / 2:
                 if await self._master_present(min(1.0, interval)):
                     self._heard_master()
@@ -624,6 +672,30 @@ class Supervisor:
             if not running:
                 self._finish(code)
                 return
+
+    def _lockout_check(self) -> bool:
+        """A worker whose credentials NATS has refused for LOCKOUT_GRACE seconds was retired by
+        the master (its key revoked after an exit order it never heard: it was reconnecting
+        when the order went out; or its JWT ran out with no master to renew it). It can never
+        hear an order again, so waiting for the orphan bound only delays its replacement. A
+        running command runs to completion (training is never stopped for the control plane);
+        a worker with none running exits now (``lockout_exit_code``). True when it finished."""
+        since = self.refused_since
+        if since is None or time.monotonic() - since < LOCKOUT_GRACE:
+            return False
+        running = self.child is not None and self.child.running
+        code = lockout_exit_code(self.command_code)
+        if not self.locked_out:
+            self.locked_out = True
+            _warn(f"NATS refuses this worker's credentials ({self.refused_why}) for "
+                  f"{time.monotonic() - since:.0f} s: the master retired this worker (it "
+                  "replaced the rank or quarantined the node) before it heard its order; "
+                  + ("the command runs to completion, then the worker exits"
+                     if running else f"exiting with code {code} so the pod is recreated"))
+        if running:
+            return False
+        self._finish(code)
+        return True
 
     async def _reap_loop(self) -> None:
         while True:
