@@ -218,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
         return 3
 
+    if last_done >= args.steps and rank == 0:  # a rerun of a job that already finished
+        print(f"nothing to train: the checkpoint in {args.checkpoint_dir} is at step {last_done} "
+              f"of --steps {args.steps}; delete it (or pass another --checkpoint-dir) to train "
+              "again, or raise --steps to train on", flush=True)
+
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if backend == "nccl" else None)
     loss_fn = nn.MSELoss()
     loss_value = float("nan")

@@ -142,6 +142,19 @@ def test_uninterrupted_run(baseline: tuple[int, float]) -> None:
     assert checksum == checksum  # not NaN
 
 
+def test_a_rerun_of_a_finished_job_says_there_is_nothing_to_train(
+    launcher: Launcher, baseline: tuple[int, float]
+) -> None:
+    ckpt = launcher.tmp / "ck-baseline"  # the baseline's checkpoint, at the last step
+    ranks = launcher.launch("rerun", ckpt, 0)
+    assert wait_all(ranks) == [0] * WORLD
+    first = next(line for line in ranks[0].output().splitlines() if "nothing" in line)
+    assert first == (f"nothing to train: the checkpoint in {ckpt} is at step {STEPS} of --steps "
+                     f"{STEPS}; delete it (or pass another --checkpoint-dir) to train again, or "
+                     "raise --steps to train on")
+    assert done_line(ranks[0]) == baseline  # the same model, untouched
+
+
 def test_crash_then_resume_matches_uninterrupted(
     launcher: Launcher, baseline: tuple[int, float]
 ) -> None:
