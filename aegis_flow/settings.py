@@ -402,6 +402,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("AEGIS_INJECT_EXIT", parse_str, "the command (sitecustomize.py, zygote.py)",
            "CODE:AFTER, an --inject exit fault: exit with CODE after AFTER seconds",
            "the supervisor (inject.py)"),
+    EnvVar("AEGIS_INJECT_MARKER", parse_str, "the command (sitecustomize.py, zygote.py)",
+           "the file an --inject exit fault creates when it fires (aegis-flow run warns about "
+           "one that never did)", "the supervisor (inject.py)"),
     EnvVar("AEGIS_RESTART_COUNT", parse_int, "the command",
            "the restart epoch, 0 for the first run", "the supervisor"),
     EnvVar("AEGIS_PROGRESS_SOCKET", parse_str, "the command (aegis_flow.progress)",

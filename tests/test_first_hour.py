@@ -152,3 +152,22 @@ def test_the_users_own_exception_is_shown_without_our_frames(tmp_path: Path) -> 
     summary = next(line for line in text.splitlines()
                    if line.startswith("[aegis-flow] job Failed: "))
     assert "the same error: ValueError: my bug: shape mismatch" in summary, summary
+
+
+@pytest.mark.e2e
+def test_an_injection_that_never_fired_is_named_at_the_end(tmp_path: Path) -> None:
+    """The job ends before the crash is due: the run says the fault was never injected, so a
+    green run is not mistaken for a recovery. The exit fault that did fire is not named; a
+    second run of the same job fires it again (the markers belong to a run)."""
+    args = ["run", "--workers", "2", "--quiet", "--fresh", "--state-dir", str(tmp_path / "s"),
+            "--inject", "crash:rank=1:after=600s", "--inject", "exit:rank=0:after=0.5s:code=3",
+            "--", "python", "-c", "import time; time.sleep(3)"]
+    for _ in range(2):
+        out = cli(*args, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        warnings = [line for line in out.stderr.splitlines() if "never fired" in line]
+        assert warnings == [
+            "[aegis-flow] WARNING: --inject crash:rank=1:after=600s never fired: rank 1's "
+            "command never ran 600 s in run 0 (it ended or was stopped sooner, or the rank does "
+            "not exist)"], out.stderr
+        assert "[aegis-flow inject] exiting with code 3" in out.stdout + out.stderr

@@ -47,6 +47,7 @@ from aegis_flow.master.machine import ExitCode
 from aegis_flow.protocol import Subjects
 from aegis_flow.settings import LOCAL, MASTER, WORKER, check_local, master_timeout_for
 from aegis_flow.supervisor.child import _die_with_parent
+from aegis_flow.supervisor.inject import Injection, fired_marker
 
 if TYPE_CHECKING:
     from aegis_flow.local.natsserver import EmbeddedNats
@@ -443,6 +444,9 @@ class LocalJob:
     # -- the run ----------------------------------------------------------------------------
     def _run(self) -> int:
         (self.state_dir / "work").mkdir(exist_ok=True)
+        if self.cfg.rerun != "resume":  # a new run: every --inject may fire again
+            for i in range(len(self.cfg.injections)):
+                Path(fired_marker(str(self.state_dir / "work"), i)).unlink(missing_ok=True)
         (self.state_dir / "status.json").unlink(missing_ok=True)
         (self.state_dir / "metrics.port").unlink(missing_ok=True)
         code = 1
@@ -484,9 +488,17 @@ class LocalJob:
             _stop(list(self.workers.values()), self.cfg.grace + 2)
             if self.stopped_by and self.url:
                 self._write_record()
+            self._warn_unfired()
             if self.server is not None:
                 self.server.stop()
         return code
+
+    def _warn_unfired(self) -> None:
+        """An --inject that never fired: the run tested nothing it was meant to; say so."""
+        for i, spec in enumerate(self.cfg.injections):
+            if not os.path.exists(fired_marker(str(self.state_dir / "work"), i)):
+                why = Injection.parse(spec).describe_unfired()
+                _say(f"WARNING: --inject {spec} never fired: {why}")
 
     def _write_record(self) -> None:
         """The run was ended by the runner: ``status.json`` (the stored status as last known,

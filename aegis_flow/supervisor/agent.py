@@ -39,7 +39,7 @@ from aegis_flow.steps.hang import HangWatchdog, ProgressSocket, collect_stacks
 from aegis_flow.supervisor import child as childmod
 from aegis_flow.supervisor.checks import bootcheck_or_troubleshoot
 from aegis_flow.supervisor.child import process_state
-from aegis_flow.supervisor.inject import Injection
+from aegis_flow.supervisor.inject import Injection, fired_marker
 from aegis_flow.supervisor.prewarm import Zygote, start_zygote
 from aegis_flow.supervisor.stats import BeatClock, StepRate, gpu_type
 from aegis_flow.supervisor.waiting import wait_or_cancel
@@ -369,9 +369,10 @@ class Supervisor:
         env = self.child_env(msg)
         epoch = int(env["AEGIS_RESTART_COUNT"])
         _report_progress(epoch)
-        active = [i for i in self.cfg.injections if i.applies(self.cfg.rank, epoch)]
-        for inj in active:
-            env = inj.prepare_env(env)
+        active = [(i, inj) for i, inj in enumerate(self.cfg.injections)
+                  if inj.applies(self.cfg.rank, epoch)]
+        for i, inj in active:
+            env = inj.prepare_env(env, fired_marker(self.cfg.work_dir, i))
         if self.cfg.rank != 0 and msg is not None and msg.data.get("rendezvous"):
             await _await_rendezvous(env["MASTER_ADDR"], int(env["MASTER_PORT"]))
         if msg is not None and msg.seq != self.seq:
@@ -386,7 +387,9 @@ class Supervisor:
                 await self.report(p.MsgType.ERROR, {"cause": f"cannot start command: {exc}",
                                                     "code": 127}, seq=msg.seq)
             return
-        killers = [asyncio.ensure_future(i.kill_later(self.child)) for i in active]
+        killers = [asyncio.ensure_future(inj.kill_later(self.child,
+                                                         fired_marker(self.cfg.work_dir, i)))
+                   for i, inj in active]
         watch = asyncio.ensure_future(self._watch_hang(self.child))
         try:
             status = await self.child.wait()

@@ -7,7 +7,10 @@ for ``order=bootcheck|troubleshoot`` fail once with ``fault=hardware|container``
 training process itself call ``os._exit(code)`` after that delay (a ``sitecustomize`` put on the
 child's PYTHONPATH starts the timer, so it works for any Python command). ``epoch=N`` selects the
 run epoch (AEGIS_RESTART_COUNT) it applies to (default 0, the first run); ``epoch=all`` applies to
-every epoch. Side effects: ``kill_later`` sends a signal; ``prepare_env`` only builds a dict.
+every epoch. Every injection that fires leaves a marker file in the work dir
+(:func:`fired_marker`), so ``aegis-flow run`` can warn about one that never did. Side effects:
+``kill_later`` sends a signal and writes that marker; ``fires`` creates it; ``prepare_env`` only
+builds a dict.
 """
 
 from __future__ import annotations
@@ -30,6 +33,18 @@ class _Killable(Protocol):
 
 class InjectionError(ValueError):
     pass
+
+
+def fired_marker(work_dir: str, index: int) -> str:
+    """The file that says the ``index``-th ``--inject`` fired (also its once-only guard)."""
+    return os.path.join(os.path.abspath(work_dir), f".aegis-inject-{index}.fired")
+
+
+def _touch(path: str) -> None:
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+    except OSError:
+        pass  # a marker is a courtesy: never fail a fault for it
 
 
 def _seconds(text: str) -> float:
@@ -88,6 +103,14 @@ class Injection:
         order = fields.get("order", "troubleshoot" if kind == "checkfail" else "run")
         return cls(kind, rank, _seconds(fields.get("after", "0")), code, epoch, order, fault)
 
+    def describe_unfired(self) -> str:
+        """Why an injection may never have fired, for the end-of-run warning."""
+        if self.kind in ("crash", "exit"):
+            runs = "any run" if self.epoch is None else f"run {self.epoch}"
+            return (f"rank {self.rank}'s command never ran {self.after:g} s in {runs} "
+                    "(it ended or was stopped sooner, or the rank does not exist)")
+        return f"rank {self.rank} never got a {self.order} order"
+
     def applies(self, rank: int, epoch: int) -> bool:
         return self.rank == rank and (self.epoch is None or self.epoch == epoch)
 
@@ -96,27 +119,32 @@ class Injection:
         """For ``die``/``checkfail``: True, once per job, when this order triggers it."""
         if self.kind != kind or order != self.order or not self.applies(rank, epoch):
             return False
-        marker = os.path.join(work_dir, f".aegis-inject-{kind}-{index}")
         try:
-            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            os.close(os.open(fired_marker(work_dir, index), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             return False
         return True
 
-    def prepare_env(self, env: dict[str, str]) -> dict[str, str]:
+    def prepare_env(self, env: dict[str, str], marker: str = "") -> dict[str, str]:
+        """The command's environment for an ``exit`` fault (the process exits by itself and
+        creates ``marker`` first)."""
         if self.kind != "exit":
             return env
         env = dict(env)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SITE_DIR, env.get("PYTHONPATH")]))
         env["AEGIS_INJECT_EXIT"] = f"{self.code}:{self.after}"
+        if marker:
+            env["AEGIS_INJECT_MARKER"] = marker
         return env
 
-    async def kill_later(self, child: _Killable) -> None:
+    async def kill_later(self, child: _Killable, marker: str = "") -> None:
         if self.kind != "crash":
             return
         await asyncio.sleep(self.after)
         if child.running:
             child.signal_group(signal.SIGKILL)
+            if marker:
+                _touch(marker)
             import sys
             import time
 

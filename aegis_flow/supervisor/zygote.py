@@ -41,12 +41,19 @@ def _send(sock: socket.socket, obj: object) -> None:
 
 def _arm_exit_injection(env: dict[str, str]) -> None:
     spec = env.pop("AEGIS_INJECT_EXIT", "")
-    os.environ.pop("AEGIS_INJECT_EXIT", None)
+    marker = env.pop("AEGIS_INJECT_MARKER", "")
+    for name in ("AEGIS_INJECT_EXIT", "AEGIS_INJECT_MARKER"):
+        os.environ.pop(name, None)
     if not spec:
         return
     code, _, after = spec.partition(":")
 
     def fire() -> None:
+        if marker:  # tells aegis-flow run that the fault fired
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_WRONLY, 0o644))
+            except OSError:
+                pass
         sys.stderr.write(f"[aegis-flow inject] exiting with code {code}\n")
         sys.stderr.flush()
         os._exit(int(code))

@@ -14,8 +14,14 @@ def _arm() -> None:
     if not spec:
         return
     code, _, after = spec.partition(":")
+    marker = os.environ.pop("AEGIS_INJECT_MARKER", "")
 
     def fire() -> None:
+        if marker:  # tells aegis-flow run that the fault fired
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_WRONLY, 0o644))
+            except OSError:
+                pass
         sys.stderr.write(f"[aegis-flow inject] exiting with code {code}\n")
         sys.stderr.flush()
         os._exit(int(code))
