@@ -450,6 +450,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "messages both ways", "tests/test_local_e2e.py", test_only=True),
     EnvVar("AEGIS_TEST_SLOW_RANK", parse_str, "the allreduce_performance check",
            "R:SECONDS: rank R sleeps that long in each send", "tests", test_only=True),
+    EnvVar("AEGIS_FOLD_TRACEBACKS", parse_bool, _SUP,
+           "0: print a healthy rank's traceback from a failed peer in full instead of one line "
+           "(default 1)", "the user"),
     EnvVar("AEGIS_TIMING", parse_bool, "master; examples/train_ddp.py",
            "log an AEGIS_APPLIED line per applied event; the example prints its "
            "AEGIS_FIRST_STEP* and AEGIS_RATE markers", "bench/, the recovery tests",

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from aegis_flow.settings import ConfigError, env_value
+from aegis_flow.supervisor.fold import TracebackFolder
 from aegis_flow.supervisor.waiting import wait_or_cancel
 
 _PR_SET_PDEATHSIG = 1
@@ -60,6 +62,13 @@ class ExitStatus:
         return 128 + self.signal if self.signal is not None else self.code
 
 
+def _folding() -> bool:
+    try:
+        return bool(env_value("AEGIS_FOLD_TRACEBACKS", True))
+    except ConfigError:
+        return True
+
+
 class Child:
     """One run of the user's command. ``wait()`` returns its ExitStatus.
 
@@ -88,18 +97,30 @@ class Child:
     async def _stream(self) -> None:
         out = sys.stdout.buffer
         prefix = self._prefix.encode()
+        folder = TracebackFolder() if _folding() else None
+
+        def emit(lines: list[str]) -> None:
+            for shown in lines:
+                out.write(prefix + shown.encode(errors="replace") + b"\n")
+            out.flush()
+
         while True:
             try:
                 line = await self._output.readline()
             except (ValueError, asyncio.LimitOverrunError):  # an endless line: cut it
                 line = await self._output.read(1 << 16)
             if not line:
+                if folder is not None:
+                    emit(folder.flush())
                 return
             text = line.decode(errors="replace").rstrip("\n")
             self.last_output = time.time()
             self._tail.append(text)
-            out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
-            out.flush()
+            if folder is None:
+                out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
+                out.flush()
+            else:
+                emit(folder.feed(text))
             if self._on_line is not None:
                 self._on_line(text)
 
