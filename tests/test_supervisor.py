@@ -148,3 +148,38 @@ def test_refused_credentials_are_told_from_network_faults() -> None:
     # a retired worker's pod is recreated unless its command had already succeeded
     assert lockout_exit_code(None) == lockout_exit_code(1) == lockout_exit_code(-9) == 71
     assert lockout_exit_code(0) == 0
+
+
+def test_a_prewarmed_rank_shows_in_ps_as_the_users_command(tmp_path: Path) -> None:
+    """``ps`` shows a forked rank as the user's command (and its rank and work dir), not as
+    ``zygote.py``; ``top``'s name is the script's; the zygote keeps its own command line."""
+    script = tmp_path / "my_train.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(30)\n")
+    seen: dict[str, str] = {}
+
+    async def go() -> None:
+        z = Zygote([sys.executable, str(script)], ENV, str(tmp_path))
+        try:
+            assert await z.ready(30)
+            env = {**ENV, "RANK": "3", "AEGIS_WORK_DIR": str(tmp_path)}
+            c = await z.spawn([sys.executable, str(script), "--lr", "0.1"], env, prefix="",
+                              tail_lines=5, on_line=None)
+            for _ in range(100):
+                if c.last_output is not None:
+                    break
+                await asyncio.sleep(0.05)
+            for who, pid in (("child", c.pid), ("zygote", z.proc.pid)):
+                raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+                seen[who] = raw.replace(b"\0", b" ").decode().strip()
+                seen[who + "-comm"] = Path(f"/proc/{pid}/comm").read_text().strip()
+            c.signal_group(signal.SIGKILL)
+            await c.wait()
+        finally:
+            z.close()
+
+    asyncio.run(go())
+    assert seen["child"] == (f"{sys.executable} {script} --lr 0.1 [aegis-flow rank 3 · "
+                             f"{tmp_path}]")
+    assert seen["child-comm"] == "my_train.py"
+    assert seen["zygote"].endswith(f"zygote.py {tmp_path}") and seen["zygote-comm"] == \
+        "aegis-zygote"

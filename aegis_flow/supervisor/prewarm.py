@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from aegis_flow.supervisor.child import Child, _die_with_parent
 from aegis_flow.supervisor.waiting import wait_or_cancel
+from aegis_flow.supervisor.zygote import TITLE_ROOM
 
 ZYGOTE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
@@ -75,8 +76,10 @@ class Zygote:
         zenv = dict(env)
         zenv["AEGIS_ZYGOTE_FD"] = str(theirs.fileno())
         zenv.setdefault("OMP_NUM_THREADS", env.get("OMP_NUM_THREADS", "1"))
-        # ``tag`` (the work dir) is ignored by the zygote; it shows whose zygote this is in ps
-        self.proc = subprocess.Popen([python, ZYGOTE_SCRIPT, *([tag] if tag else [])], env=zenv,
+        # ``tag`` (the work dir) is ignored by the zygote; it shows whose zygote this is in ps.
+        # The blank argument is room for the title each child gives itself (zygote.set_title)
+        self.proc = subprocess.Popen([python, ZYGOTE_SCRIPT, *([tag] if tag else []),
+                                      " " * TITLE_ROOM], env=zenv,
                                      pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                                      preexec_fn=_die_with_parent)
         theirs.close()

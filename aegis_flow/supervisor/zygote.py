@@ -11,7 +11,8 @@ Protocol on the inherited Unix socket (fd in AEGIS_ZYGOTE_FD), JSON lines:
   {"id": id, "pid": N} or {"id": id, "error": "..."} (the request's id, echoed: the supervisor
   matches a reply to its request, so a reply to a cancelled request never answers a later
   one); later {"exit": N, "code": C, "signal": S|null}.
-Side effects: forks processes, sends signals to them when the supervisor goes away.
+Side effects: forks processes, sends signals to them when the supervisor goes away, rewrites
+its own and each child's command line (what ``ps`` shows: :func:`set_title`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,35 @@ PRELOAD = ("torch", "torch._dynamo", "torch.nn.parallel", "torch.distributed")
 CHECK_MODULES = ("aegis_flow.steps.cli", "aegis_flow.steps.collective",
                  "aegis_flow.steps.runtime", "aegis_flow.steps.io", "aegis_flow.steps.gpu",
                  "aegis_flow.steps.rdma", "aegis_flow.steps.env")
+
+
+TITLE_ROOM = 512  # bytes of command line the supervisor reserves for set_title (prewarm.py)
+
+
+def set_title(title: str, name: str = "") -> bool:
+    """Make ``ps`` show ``title`` as this process's command line (and ``name``, cut to 15
+    bytes, as the name ``top`` and ``ps -o comm`` show), in place, as setproctitle does
+    without a C extension: the kernel reads the command line from the process's original argv
+    memory (``arg_start``..``arg_end`` of ``/proc/self/stat``), which Python copied at startup
+    and never reads again. A title longer than that memory is cut. False where that cannot
+    be done."""
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # fields 48, 49: arg_start, arg_end
+    except (OSError, IndexError, ValueError):
+        return False
+    room = end - start
+    if room < 2:
+        return False
+    data = title.encode(errors="replace")[:room - 1]
+    ctypes.memmove(start, data + b"\0" * (room - len(data)), room)
+    if name:
+        try:
+            ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+        except (OSError, AttributeError):
+            pass
+    return True
 
 
 def _send(sock: socket.socket, obj: object) -> None:
@@ -88,6 +118,9 @@ def _child(req: dict[str, object], out_fd: int, sock: socket.socket) -> None:
         os.environ.update(env)
         os.chdir(str(req["cwd"]))
         argv = [str(a) for a in req["argv"]]  # type: ignore[attr-defined]
+        set_title(f"{' '.join(argv)} [aegis-flow rank {env.get('RANK', '?')} · "
+                  f"{env.get('AEGIS_WORK_DIR', '')}]",
+                  os.path.basename(argv[2] if argv[1] == "-m" else argv[1]))
         import runpy
 
         if argv[1] == "-m":
@@ -137,6 +170,8 @@ def user_traceback(exc: BaseException) -> str:
 
 def main() -> int:
     sock = socket.socket(fileno=int(os.environ.pop("AEGIS_ZYGOTE_FD")))
+    # the same command line, without the room kept for the children's titles
+    set_title(" ".join([sys.executable, *(a for a in sys.argv if a.strip())]), "aegis-zygote")
     preload = os.environ.get("AEGIS_PRELOAD")
     names = PRELOAD if preload is None else tuple(filter(None, preload.split(",")))
     for name in names:
