@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,16 +12,8 @@ from aegis_flow.supervisor import child as childmod
 from aegis_flow.supervisor.fold import TracebackFolder, peer_failure
 
 # What rank 0 of a real gloo job printed when rank 1 os._exit()ed during all_reduce (torch 2.13)
-GLOO = """\
-[rank0]: Traceback (most recent call last):
-[rank0]:   File "/tmp/gl/t.py", line 8, in <module>
-[rank0]:     dist.all_reduce(t)
-[rank0]:   File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 83, in wrapper
-[rank0]:     return func(*args, **kwargs)
-[rank0]:            ^^^^^^^^^^^^^^^^^^^^^
-[rank0]:   File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252, in all_reduce
-[rank0]:     work.wait()
-[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:32170: Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application. Check the logs of the remote worker before reporting an error. GLHF! \U0001f3d6\ufe0f"""
+GLOO = (Path(__file__).parent / "fixtures" / "gloo_peer_reset.txt").read_text(
+    encoding="utf-8").rstrip("\n")
 
 FOLDED = ("this rank stopped because a peer failed (RuntimeError: Read error [127.0.0.1]:32170: "
           "Connection reset by peer); its 9-line traceback is folded "

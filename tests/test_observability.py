@@ -277,6 +277,19 @@ def test_progress_line() -> None:
     assert progress_line(snap, 42.4) == "RunCommand · restarts 1/3 · steps/s r0 19.8 r1 - · 42 s"
     snap["workers"][1]["phase"] = "Restarting"
     assert "workers r0:RunCommand,r1:Restarting" in progress_line(snap, 1)
+    # what a phase waits for, grouped by what the ranks say (the longest wait shown)
+    from aegis_flow.supervisor.agent import PREWARMING
+
+    boot = {"phase": "BootChecking", "recover_count": 0, "max_retry": 3,
+            "workers": [{"rank": 0, "phase": "BootChecking", "doing": PREWARMING,
+                         "doing_for": 6.2},
+                        {"rank": 1, "phase": "BootChecking", "doing": PREWARMING,
+                         "doing_for": 7.6},
+                        {"rank": 2, "phase": "BootChecking",
+                         "doing": "checks done; waiting for the other ranks", "doing_for": 0.4}]}
+    assert progress_line(boot, 9) == (
+        "BootChecking · restarts 0/3 · r0,r1 importing torch into the pre-warmed interpreter, "
+        "once for all restarts (8 s) · r2 checks done; waiting for the other ranks · 9 s")
 
 
 def test_http_endpoints_and_readiness() -> None:

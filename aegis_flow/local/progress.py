@@ -2,8 +2,9 @@
 
 Side effects: :meth:`ProgressPrinter.poll` reads the master's port file and GETs its
 ``/progress`` endpoint (localhost, short timeout) at most once a second, and writes a line to
-stderr when the phase or the restart count changed, or every ``every`` seconds. The training
-output (stdout, rank-prefixed) is never held up: a failed fetch is skipped silently.
+stderr when the phase, the restart count or what a rank says it is doing changed, or every
+``every`` seconds. The training output (stdout, rank-prefixed) is never held up: a failed
+fetch is skipped silently.
 :func:`progress_line` is pure.
 """
 
@@ -35,6 +36,18 @@ def progress_line(snap: dict[str, Any], elapsed: float) -> str:
     if len(phases) > 1:
         parts.append("workers " + ",".join(
             f"r{w.get('rank')}:{w.get('phase')}" for w in snap.get("workers") or []))
+    busy: dict[str, list[str]] = {}  # what the ranks say they do, e.g. the torch import
+    longest: dict[str, float] = {}
+    for w in snap.get("workers") or []:
+        doing = w.get("doing")
+        if isinstance(doing, str) and doing:
+            busy.setdefault(doing, []).append(f"r{w.get('rank')}")
+            took = w.get("doing_for")
+            if isinstance(took, int | float):
+                longest[doing] = max(longest.get(doing, 0.0), float(took))
+    for doing, ranks in busy.items():
+        since = f" ({longest[doing]:.0f} s)" if longest.get(doing, 0) >= 1 else ""
+        parts.append(f"{','.join(ranks)} {doing}{since}")
     if snap.get("error_nodes"):
         parts.append(f"quarantined {','.join(snap['error_nodes'])}")
     parts.append(f"{elapsed:.0f} s")
@@ -71,7 +84,7 @@ class ProgressPrinter:
         if snap is None:
             return
         key = (snap.get("phase"), snap.get("recover_count"),
-               tuple(w.get("phase") for w in snap.get("workers") or []))
+               tuple((w.get("phase"), w.get("doing")) for w in snap.get("workers") or []))
         if key == self._last_key and now - self._last_print < self.every:
             return
         self._last_key, self._last_print = key, now

@@ -105,6 +105,8 @@ class WorkerView:
     step_rate: float | None = None
     step: int | None = None
     child_restarts: int = 0
+    doing: str = ""  # what the supervisor says it is busy with (display only)
+    doing_for: float = 0.0
 
 
 class Observer:
@@ -189,6 +191,8 @@ class Observer:
         rate, step = _num(d.get("step_rate")), _num(d.get("step"))
         v.step_rate = rate
         v.step = int(step) if step is not None else None
+        v.doing = str(d.get("doing") or "")[:120]
+        v.doing_for = _num(d.get("doing_for")) or 0.0
         restarts = _num(d.get("child_restarts"))
         v.child_restarts = int(restarts) if restarts is not None else v.child_restarts
         if self.metrics is None:
@@ -297,7 +301,8 @@ class Observer:
             "max_retry": st.max_retry, "seq": st.seq, "error_nodes": sorted(st.error_nodes),
             "workers": [{"rank": pod.rank, "phase": pod.phase.value, "retries": pod.retries,
                          "node": pod.node, "step_rate": v.step_rate, "step": v.step,
-                         "child_restarts": v.child_restarts}
+                         "child_restarts": v.child_restarts, "doing": v.doing,
+                         "doing_for": v.doing_for}
                         for pod, v in zip(st.workers, self.views, strict=True)]}
 
     # -- the parts of transition ------------------------------------------------------------

@@ -82,6 +82,9 @@ _REFUSALS = ("authorization violation", "authorization failed", "authentication 
 LOCKOUT_GRACE = 10.0  # seconds of refused credentials before a worker concludes it was retired
 
 
+PREWARMING = "importing torch into the pre-warmed interpreter, once for all restarts"
+
+
 def refused_credentials(exc: BaseException | None) -> bool:
     """Is this NATS error the server refusing our credentials (not a network fault)?"""
     text = str(exc or "").lower()
@@ -222,6 +225,10 @@ class Supervisor:
         self.beats = BeatClock(cfg.heartbeat_interval)
         self.gpu_type = gpu_type()
         self.session: Any = None  # supervisor.creds.Session when --creds is given
+        # what this worker is busy with, in words, and since when (heartbeats carry it: the
+        # progress line says what a phase waits for, e.g. the torch import of pre-warming)
+        self.doing = ""
+        self.doing_since = time.monotonic()
 
     # -- messages ---------------------------------------------------------------------------
     def _msg(self, mtype: p.MsgType, seq: int, data: dict[str, Any]) -> p.Message:
@@ -261,7 +268,18 @@ class Supervisor:
                 "gpu_type": self.gpu_type, "child_restarts": max(0, self.child_starts - 1),
                 "beat_lag": round(self.beats.lag, 4),
                 "step_rate": self.steps.rate(time.time()) if running else None,
-                "step": self.steps.last}
+                "step": self.steps.last, "doing": self.doing,
+                "doing_for": round(time.monotonic() - self.doing_since, 1)}
+
+    def _doing(self, what: str) -> None:
+        if what != self.doing:
+            self.doing, self.doing_since = what, time.monotonic()
+
+    async def _prewarmed(self, zygote: Zygote) -> bool:
+        """Wait (at most 120 s) for the pre-warmed interpreter, saying so while it imports."""
+        if not zygote.is_ready:
+            self._doing(PREWARMING)
+        return await zygote.ready(timeout=120)
 
     # -- orders -----------------------------------------------------------------------------
     async def on_order(self, raw: bytes) -> None:
@@ -310,6 +328,7 @@ class Supervisor:
     async def _obey(self, order: Order, msg: p.Message) -> None:
         if order in (Order.BOOTCHECK, Order.TROUBLESHOOT):
             self.phase = PHASE_OF_ORDER[order]
+            self._doing("running the checks")
             await self._stop_child()
             if self.checks is not None:
                 ok, fault, detail = await self.checks(order.value, self.cfg)
@@ -326,12 +345,15 @@ class Supervisor:
                     ok, fault, detail = False, inj.fault, f"injected {inj.fault} fault"
             await self.report(p.MsgType.FINISH, {"ok": ok, "fault": fault, "detail": detail,
                                                  **extra}, seq=msg.seq)
+            self._doing("checks done; waiting for the other ranks")
         elif order is Order.RUN:
             self.phase = Phase.RUNCOMMAND
+            self._doing("starting the command")
             await self._stop_child()
             await self._run_child(msg)
         elif order is Order.HOLD:
             self.phase = Phase.RESTARTING
+            self._doing("")
             await self._stop_child()
         else:  # quit, exit, run-independent
             await self._stop_child()
@@ -484,8 +506,9 @@ class Supervisor:
     def _check_starters(self) -> list[Any]:
         """Fork the checks from the pre-warmed interpreter if any, else start them cold."""
         async def warm(argv: list[str], env: dict[str, str]) -> childmod.Child:
-            if self.zygote is None or not await self.zygote.ready(timeout=120):
+            if self.zygote is None or not await self._prewarmed(self.zygote):
                 raise OSError("no pre-warmed interpreter")
+            self._doing("running the checks")
             return await self.zygote.spawn(argv, env, prefix=f"[rank {self.cfg.rank} check] ",
                                            tail_lines=20, on_line=None)
 
@@ -496,15 +519,18 @@ class Supervisor:
 
     async def _start(self, env: dict[str, str]) -> childmod.Child:
         prefix = f"[rank {self.cfg.rank}] "
-        if self.zygote is not None and await self.zygote.ready(timeout=120):
-            try:
-                return await self.zygote.spawn(self.cfg.command, env, prefix=prefix,
-                                               tail_lines=20, on_line=None)
-            except (OSError, asyncio.TimeoutError) as exc:
-                _warn(f"pre-warmed start failed ({exc}); starting the command directly")
-                self.zygote.close()
-                self.zygote = None
-        return await childmod.start(self.cfg.command, env, prefix=prefix)
+        try:
+            if self.zygote is not None and await self._prewarmed(self.zygote):
+                try:
+                    return await self.zygote.spawn(self.cfg.command, env, prefix=prefix,
+                                                   tail_lines=20, on_line=None)
+                except (OSError, asyncio.TimeoutError) as exc:
+                    _warn(f"pre-warmed start failed ({exc}); starting the command directly")
+                    self.zygote.close()
+                    self.zygote = None
+            return await childmod.start(self.cfg.command, env, prefix=prefix)
+        finally:
+            self._doing("")  # training: the step rate says the rest
 
     # -- main -------------------------------------------------------------------------------
     async def run(self) -> int:

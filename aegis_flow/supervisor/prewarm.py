@@ -163,6 +163,11 @@ class Zygote:
         sys.stderr.write(f"[aegis-flow worker] pre-warmed interpreter: killed process {pid} of "
                          "a start that was cancelled\n")
 
+    @property
+    def is_ready(self) -> bool:
+        """Has it imported what it pre-warms (without waiting)?"""
+        return self._ready.done() and bool(self._ready.result())
+
     async def ready(self, timeout: float) -> bool:
         try:
             return await wait_or_cancel(asyncio.shield(self._ready), timeout)
