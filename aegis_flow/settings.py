@@ -63,6 +63,10 @@ class MasterDefaults:
     replace_timeout: float = field(default=120.0, metadata=_doc(
         "--replace-timeout", "seconds a lost worker may take to come back (Restarting → Stop, "
         "T12)"))
+    finish_lag: float = field(default=300.0, metadata=_doc(
+        "--finish-lag", "seconds the last rank may still run after the first one finished; "
+        "past it, a rank still running is treated as hung (T14: troubleshoot, restart from the "
+        "checkpoint), so a process stuck at exit cannot hold a finished job forever"))
     linger: float = field(default=5.0, metadata=_doc(
         "--linger", "seconds the master keeps re-sending its final order to laggards"))
     jwt_lifetime: float = field(default=3600.0, metadata=_doc(
@@ -253,6 +257,7 @@ def check_master(cfg: MasterSettings, *, heartbeat: float = WORKER.heartbeat_int
     _seconds("the connect timeout", cfg.connect_timeout, "--connect-timeout")
     _seconds("the lost timeout", cfg.lost_timeout, "--lost-timeout")
     _seconds("the replace timeout", cfg.replace_timeout, "--replace-timeout")
+    _seconds("the finish lag", getattr(cfg, "finish_lag", MASTER.finish_lag), "--finish-lag")
     outage = getattr(cfg, "outage_limit", MASTER.outage_limit)
     _seconds("the outage limit", outage, "--outage-limit")
     if outage <= cfg.lost_timeout:
@@ -309,6 +314,7 @@ def check_local(cfg: LocalSettings) -> None:
     _at_least("max-retry", cfg.max_retry, 0, "--max-retry")
     _seconds("the connect timeout", cfg.connect_timeout, "--connect-timeout")
     _seconds("the lost timeout", cfg.lost_timeout, "--lost-timeout")
+    _seconds("the finish lag", getattr(cfg, "finish_lag", MASTER.finish_lag), "--finish-lag")
     _seconds("the heartbeat interval", cfg.heartbeat, "RunConfig.heartbeat")
     _seconds("grace", cfg.grace, "RunConfig.grace", zero_ok=True)
     _seconds("the JWT lifetime", cfg.jwt_lifetime, "--jwt-lifetime")

@@ -62,6 +62,10 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--lost-timeout", type=float, default=MASTER.lost_timeout,
                    help="seconds without a heartbeat before a worker is lost "
                    f"(default {MASTER.lost_timeout:g})")
+    r.add_argument("--finish-lag", type=float, default=MASTER.finish_lag,
+                   help="seconds the last rank may still run after the first one finished; "
+                   "then it is treated as hung and the job restarts from its checkpoint "
+                   f"(default {MASTER.finish_lag:g})")
     r.add_argument("--no-prewarm", dest="prewarm", action="store_false",
                    help="start every run cold instead of forking Python commands from a "
                    "pre-warmed interpreter (slower restarts)")
@@ -166,7 +170,7 @@ def _run(a: argparse.Namespace) -> int:
                         job=a.job, namespace=a.namespace, nats_url=a.nats_url,
                         state_dir=a.state_dir, injections=tuple(a.inject),
                         connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout,
-                        metrics_port=a.metrics_port, progress=not a.quiet,
+                        finish_lag=a.finish_lag, metrics_port=a.metrics_port, progress=not a.quiet,
                         prewarm=a.prewarm, secure=not a.insecure_nats,
                         jwt_lifetime=a.jwt_lifetime, hang_after=hang[0], hang_quit_after=hang[1],
                         give_up_on_repeat=a.give_up_on_repeat, rerun=a.rerun)

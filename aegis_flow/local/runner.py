@@ -74,6 +74,7 @@ class RunConfig:
     injections: tuple[str, ...] = ()
     connect_timeout: float = MASTER.connect_timeout
     lost_timeout: float = MASTER.lost_timeout
+    finish_lag: float = MASTER.finish_lag
     heartbeat: float = WORKER.heartbeat_interval
     grace: float = WORKER.grace
     max_process_restarts: int = LOCAL.max_process_restarts
@@ -230,7 +231,7 @@ class LocalJob:
         return [sys.executable, "-m", "aegis_flow.master", *resumed, "--job", c.job, "--namespace",
                 c.namespace, "--workers", str(c.workers), "--max-retry", str(c.max_retry),
                 "--nats-url", self.url, "--connect-timeout", str(c.connect_timeout),
-                "--lost-timeout", str(c.lost_timeout),
+                "--lost-timeout", str(c.lost_timeout), "--finish-lag", str(c.finish_lag),
                 "--status-file", str((self.state_dir / "status.json").absolute()),
                 "--metrics-port", str(c.metrics_port), "--metrics-addr", "127.0.0.1",
                 "--port-file", str((self.state_dir / "metrics.port").absolute()),

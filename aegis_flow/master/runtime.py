@@ -44,6 +44,7 @@ class MasterConfig:
     lost_timeout: float = MASTER.lost_timeout  # no heartbeat for this long → Lost
     replace_timeout: float = MASTER.replace_timeout  # Restarting longer than this → Stop (T12)
     outage_limit: float = MASTER.outage_limit  # all silent this long with NATS up: lost (T6n)
+    finish_lag: float = MASTER.finish_lag  # still running this long after the first finished
     resumed: bool = False  # an operator resumed the job: every worker was started again (T8r)
     monitor: bool = True  # check the model's invariants on every live transition (monitor.py)
     linger: float = MASTER.linger  # after the end: keep re-sending the final order to laggards
@@ -125,6 +126,7 @@ class Master:
         self._last_tick: float | None = None
         self._loss_grace_until = 0.0
         self._next_loss_check = 0.0  # silent workers are judged once per lost timeout
+        self._first_finish: tuple[int, float] | None = None  # (seq, when) of the first Finish
         self._nats_error_at = float("-inf")  # the last NATS client error said (rate-limited)
         self._stats_at = 0.0
         self.phase_since = time.monotonic()
@@ -447,6 +449,8 @@ class Master:
             await self.apply(m.Stop(f"rank(s) {missing} not back within "
                                     f"{self.cfg.replace_timeout:.0f} s"))
             return
+        if await self._bound_the_finish(st, now):
+            return
         if self.store_down_since is not None or (
                 dict(self.stats) != self._stats_saved and now - self._stats_at > 1.0):
             self._stats_at = now  # keep the stored stats current; probe a store that failed
@@ -468,6 +472,30 @@ class Master:
         for rank in sorted(silent):
             await self.apply(m.Lost(rank, silent=ranks, nats_ok=nats_ok,
                                     outlasted=silent[rank] > self.cfg.outage_limit))
+
+    async def _bound_the_finish(self, st: m.Status, now: float) -> bool:
+        """The finish lag: in a synchronous job every rank finishes within seconds of the
+        first. A rank still running ``finish_lag`` seconds after the first one finished (a
+        process stuck at exit, a rank looping on its own) is reported to the core as hung
+        (HangWithQuit, not waiting: its peers are done), which charges it and restarts the
+        job from its checkpoint (T14). True when it did."""
+        if st.phase is not m.Phase.RUNCOMMAND or not any(p.finished for p in st.workers):
+            self._first_finish = None
+            return False
+        if self._first_finish is None or self._first_finish[0] != st.seq:
+            self._first_finish = (st.seq, now)
+            return False
+        waited = now - self._first_finish[1]
+        late = [p.rank for p in st.workers if not p.finished and not p.restarting]
+        if waited <= self.cfg.finish_lag or not late:
+            return False
+        done = [p.rank for p in st.workers if p.finished]
+        self._note(f"rank(s) {late} still running {waited:.0f} s after rank(s) {done} finished "
+                   f"(more than the finish lag, {self.cfg.finish_lag:g} s): treated as hung",
+                   logging.WARNING)
+        self._first_finish = None
+        await self.apply(m.HangWithQuit(late[0], st.seq, waiting=False))
+        return True
 
     async def _nats_error(self, exc: Exception) -> None:
         """While NATS is out the client fails twice a second: say it once per 30 s."""
