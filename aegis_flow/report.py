@@ -99,47 +99,87 @@ def timeline(records: Iterable[Mapping[str, Any]]) -> Timeline:
     return Timeline(tuple(ordered), tuple(bars), tuple(marks), end, summary, origin)
 
 
-def draw_timeline(records: Iterable[Mapping[str, Any]], output: str | Path, *,
-                  title: str = "aegis-flow job") -> Path:
-    """Write the picture (PNG, or what the suffix says) and return its path."""
-    tl = timeline(records)
-    height = 1.6 + 0.45 * len(tl.rows)
-    fig = Figure(figsize=(11, height), dpi=110)
-    ax = fig.add_subplot(1, 1, 1)
+def recovery_window(tl: Timeline) -> tuple[float, float] | None:
+    """The first recovery's span, padded: from just before the first fault to just after the
+    first recovery that follows it (pure). None when the job had no recovery."""
+    faults = sorted(mk.at for mk in tl.marks if mk.kind in ("fault", "replaced", "quarantine"))
+    if not faults:
+        return None
+    healed = sorted(mk.at for mk in tl.marks if mk.kind == "recovered" and mk.at >= faults[0])
+    if not healed:
+        return None
+    span = max(healed[0] - faults[0], 0.05)
+    return max(0.0, faults[0] - 0.25 * span), min(tl.end, healed[0] + 0.5 * span)
+
+
+_STYLES = {"fault": ("X", "#b30000", 90), "quarantine": ("s", "black", 70),
+           "replaced": ("^", "#e6550d", 70)}
+
+
+def _draw(ax: Any, tl: Timeline, lo: float, hi: float) -> None:
+    """Bars and marks of ``tl`` between ``lo`` and ``hi`` seconds on ``ax``."""
     y = {row: i for i, row in enumerate(reversed(tl.rows))}
-    width = max(tl.end, 1e-3)
+    width = max(hi - lo, 1e-3)
     for b in tl.bars:
+        if b.end < lo or b.start > hi:
+            continue
         ax.barh(y[b.row], max(b.end - b.start, width / 400), left=b.start, height=0.6,
                 color=COLORS.get(b.phase, "#999999"), edgecolor="white", linewidth=0.5)
-    styles = {"fault": ("X", "#b30000", 90), "quarantine": ("s", "black", 70),
-              "replaced": ("^", "#e6550d", 70)}
     for mk in tl.marks:
+        if not lo <= mk.at <= hi:
+            continue
         if mk.kind == "recovered":
             ax.axvline(mk.at, color="#006d2c", linestyle="--", linewidth=1.2)
             ax.annotate(f" recovered {mk.text}".rstrip(), (mk.at, -0.65), fontsize=7,
                         color="#006d2c", ha="left", va="bottom", annotation_clip=False)
             continue
-        marker, color, size = styles[mk.kind]
+        marker, color, size = _STYLES[mk.kind]
         ax.scatter([mk.at], [y[mk.row]], marker=marker, color=color, s=size, zorder=3)
         ax.annotate(mk.text, (mk.at, y[mk.row] + 0.32), fontsize=7, color=color, ha="center")
     ax.set_yticks(range(len(tl.rows)), list(reversed(tl.rows)))
     ax.set_ylim(-0.7, len(tl.rows) - 0.2)
-    ax.set_xlim(0, width * 1.02)
+    ax.set_xlim(lo, lo + width * 1.02)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def draw_timeline(records: Iterable[Mapping[str, Any]], output: str | Path, *,
+                  title: str = "aegis-flow job") -> Path:
+    """Write the picture (PNG, or what the suffix says) and return its path. A job that
+    recovered gets a second panel that zooms into the first recovery, which is a sliver of
+    the whole job (a second out of minutes) in the first panel."""
+    tl = timeline(records)
+    zoom = recovery_window(tl)
+    rows_height = 0.45 * len(tl.rows)
+    height = 1.6 + rows_height + (1.2 + rows_height if zoom else 0.0)
+    fig = Figure(figsize=(11, height), dpi=110, layout="constrained")
+    if zoom:
+        ax, zax = fig.subplots(2, 1)
+    else:
+        ax, zax = fig.add_subplot(1, 1, 1), None
+    _draw(ax, tl, 0.0, max(tl.end, 1e-3))
     ax.set_xlabel("seconds since the job started")
     ax.set_title(title + (f"\n{tl.summary}" if tl.summary else ""), fontsize=10)
+    if zoom and zax is not None:
+        lo, hi = zoom
+        ax.axvspan(lo, hi, color="#006d2c", alpha=0.08, linewidth=0)
+        _draw(zax, tl, lo, hi)
+        faults = [mk.at for mk in tl.marks if mk.kind != "recovered" and mk.at >= lo]
+        healed = [mk.at for mk in tl.marks if mk.kind == "recovered" and mk.at >= lo]
+        took = min(healed) - min(faults)
+        zax.set_title(f"zoom on the first recovery: {took:.2f} s from the fault until the job "
+                      "runs again", fontsize=9)
+        zax.set_xlabel("seconds since the job started")
     seen = [ph for ph in COLORS if any(b.phase == ph for b in tl.bars)]
     handles: list[Any] = [Patch(color=COLORS[ph], label=ph) for ph in seen]
     kinds = {mk.kind for mk in tl.marks}
     for kind, label in (("fault", "fault"), ("quarantine", "node quarantined"),
                         ("replaced", "worker replaced")):
         if kind in kinds:
-            marker, color, _ = styles[kind]
+            marker, color, _ = _STYLES[kind]
             handles.append(Line2D([], [], marker=marker, color=color, linestyle="",
                                   label=label))
     ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7,
               frameon=False)
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
     out = Path(output)
     fig.savefig(out)
     return out

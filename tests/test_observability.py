@@ -31,7 +31,7 @@ from aegis_flow.master.faultlog import (
 from aegis_flow.master.http import MetricsServer
 from aegis_flow.master.runtime import Master, MasterConfig, summary
 from aegis_flow.master.store import MemoryStore
-from aegis_flow.report import draw_timeline, timeline
+from aegis_flow.report import draw_timeline, recovery_window, timeline
 from aegis_flow.supervisor.stats import BeatClock, StepRate, gpu_type
 from tests.jobs import http_get
 
@@ -180,6 +180,19 @@ def test_the_recorded_timeline_draws(tmp_path: Path) -> None:
     assert {mk.kind for mk in tl.marks} == {"fault", "quarantine", "replaced", "recovered"}
     out = draw_timeline(recs, tmp_path / "t.png")
     assert out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
+    # the recovery gets a panel of its own: from before the first fault to after it healed
+    lo, hi = recovery_window(tl)  # type: ignore[misc]
+    first_fault = min(mk.at for mk in tl.marks if mk.kind == "fault")
+    healed = min(mk.at for mk in tl.marks if mk.kind == "recovered" and mk.at >= first_fault)
+    assert lo < first_fault < healed < hi <= tl.end
+    import matplotlib.image
+
+    rows, _, _ = matplotlib.image.imread(str(out)).shape
+    quiet = timeline([r for r in recs if r.get("kind") not in ("recovered",)])
+    assert recovery_window(quiet) is None  # no recovery: one panel, shorter
+    shorter = draw_timeline([r for r in recs if r.get("kind") != "recovered"],
+                            tmp_path / "quiet.png")
+    assert matplotlib.image.imread(str(shorter)).shape[0] < rows
     with pytest.raises(ValueError, match="no fault log records"):
         timeline([])
 
