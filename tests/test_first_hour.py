@@ -171,3 +171,36 @@ def test_an_injection_that_never_fired_is_named_at_the_end(tmp_path: Path) -> No
             "command never ran 600 s in run 0 (it ended or was stopped sooner, or the rank does "
             "not exist)"], out.stderr
         assert "[aegis-flow inject] exiting with code 3" in out.stdout + out.stderr
+
+
+@pytest.mark.e2e
+def test_status_watch_follows_a_rerun_instead_of_showing_the_last_one(tmp_path: Path) -> None:
+    """``status --watch`` started right after a rerun began follows the new run to its end;
+    it neither shows the previous run's final table nor exits early."""
+    import time
+
+    from tests.jobs import Job
+
+    fast = ["--workers", "2", "--quiet", "--no-prewarm", "--lost-timeout", "2"]
+    assert Job(tmp_path, fast, ["true"]).wait(120) == 0
+    rerun = Job(tmp_path, fast, ["sleep", "6"])
+    from aegis_flow.local.runs import running_pid
+
+    deadline = time.monotonic() + 30
+    while running_pid(tmp_path / "job") is None:  # the rerun has begun: it holds the lock
+        assert time.monotonic() < deadline and rerun.proc.poll() is None, rerun.output
+        time.sleep(0.01)
+    watcher = subprocess.Popen([*CLI, "status", "job", "--state-dir", str(tmp_path),
+                                "--watch", "0.3"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert rerun.wait(120) == 0, rerun.output
+        ended = time.monotonic()
+        out, _ = watcher.communicate(timeout=30)
+        assert watcher.returncode == 0, out
+        assert time.monotonic() - ended < 10
+        frames = out.split("--- ")[1:]
+        assert len(frames) >= 5, out  # it watched the run, not one look at the last record
+        assert "RunCommand" in out  # the new run, live
+        assert "the job has ended" in frames[-1]
+    finally:
+        watcher.kill()

@@ -96,10 +96,18 @@ def _report(a: argparse.Namespace) -> int:
     return 0
 
 
+def _mtime(path: Path) -> float:
+    """When ``path`` was last written; 0 when it does not exist."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def status_command(a: argparse.Namespace, live: Callable[[argparse.Namespace], int]) -> int:
     """``status`` once or ``--watch``: live from NATS while the job runs, else its final file
     (``status.json``, or the newest archived run's), else one line saying there is none."""
-    from aegis_flow.local.runs import archived_runs, running_pid
+    from aegis_flow.local.runs import LOCK_FILE, archived_runs, running_pid
 
     job_dir = a.state_dir / a.job
     final = job_dir / "status.json"
@@ -140,8 +148,16 @@ def status_command(a: argparse.Namespace, live: Callable[[argparse.Namespace], i
                 return show(runs[-1] / "status.json", "an archived run")
             print(f"aegis-flow status: no job {a.job!r} in {a.state_dir}", file=sys.stderr)
             return 1
-        if final.exists() and not a.nats_url:  # the run is ending: its record is written
-            return show(final, ended_note(final))
+        if not a.nats_url:
+            started = _mtime(job_dir / LOCK_FILE)
+            if final.exists() and _mtime(final) >= started:  # the run is ending: its record
+                return show(final, ended_note(final))
+            if _mtime(job_dir / "nats.url") < started or not _mtime(job_dir / "metrics.port"):
+                # a new run is starting: the last run's files are still there or being
+                # archived, and this run's master has not stored a status yet
+                print(f"job {a.job!r} in {a.state_dir} is starting (aegis-flow run pid "
+                      f"{running_pid(job_dir)}); no status yet")
+                return 0
         rc = live(a)
         port_file = a.state_dir / a.job / "metrics.port"
         if rc == 0 and not a.json and port_file.exists():
@@ -168,7 +184,10 @@ def status_command(a: argparse.Namespace, live: Callable[[argparse.Namespace], i
                 print(f"--- {time.strftime('%H:%M:%S')}")
             rc = once()
             sys.stdout.flush()
-            if rc != 0 or final.exists() or (not a.nats_url and running_pid(job_dir) is None):
+            local_run = not a.nats_url and running_pid(job_dir) is not None
+            ended = not a.nats_url and (not local_run or (
+                final.exists() and _mtime(final) >= _mtime(job_dir / LOCK_FILE)))
+            if ended or (rc != 0 and not local_run):  # a local run is watched through blips
                 return rc
             time.sleep(a.watch)
     except KeyboardInterrupt:
