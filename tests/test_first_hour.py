@@ -204,3 +204,23 @@ def test_status_watch_follows_a_rerun_instead_of_showing_the_last_one(tmp_path: 
         assert "the job has ended" in frames[-1]
     finally:
         watcher.kill()
+
+
+def test_an_explicit_interpreter_without_torch_is_refused_at_once(tmp_path: Path) -> None:
+    """``/path/to/python train.py`` names the user's interpreter: it is asked (not imported
+    into) whether it has torch; the base Python under this venv has not."""
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    probe = subprocess.run([str(base), "-c", "import importlib.util as u; "
+                            "print(u.find_spec('torch') is None)"], capture_output=True,
+                           text=True)
+    if probe.stdout.strip() != "True":
+        pytest.skip(f"{base} has torch here: no interpreter without it to try")
+    (tmp_path / "train.py").write_text("print('never')\n")
+    out = cli("run", "--workers", "2", "--state-dir", str(tmp_path / "state"), "--",
+              str(base), "train.py", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [
+        f"aegis-flow: error: the interpreter '{base}' cannot import torch, so every rank would "
+        f"fail: use a Python that has torch, or a bare 'python' to run aegis-flow's own "
+        f"({sys.executable}): nothing was started"]
+    assert not (tmp_path / "state").exists()

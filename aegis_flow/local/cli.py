@@ -149,7 +149,13 @@ def _master(args: list[str]) -> int:
 def _run(a: argparse.Namespace) -> int:
     import shutil
 
-    from aegis_flow.local.runner import RunConfig, command_problem, run_job, with_our_python
+    from aegis_flow.local.runner import (
+        RunConfig,
+        command_problem,
+        interpreter_problem,
+        run_job,
+        with_our_python,
+    )
     from aegis_flow.settings import ConfigError, check_local, hang_thresholds, report
 
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
@@ -157,7 +163,8 @@ def _run(a: argparse.Namespace) -> int:
         return _usage("no command given; put it after '--', e.g. "
                       "aegis-flow run --workers 2 -- python train.py")
     command, note = with_our_python(tuple(command))
-    problem = command_problem(command, Path.cwd(), shutil.which)
+    problem = (command_problem(command, Path.cwd(), shutil.which)
+               or interpreter_problem(command, Path.cwd()))
     if problem is not None:
         return _usage(f"{problem}: nothing was started")
     if note:

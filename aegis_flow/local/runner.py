@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -175,6 +176,34 @@ def command_problem(command: tuple[str, ...], cwd: Path,
         if rest[0] != "-m" and not (cwd / rest[0]).is_file():
             return f"the script {rest[0]!r} does not exist (in {cwd})"
     return None
+
+
+_HAS_TORCH = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('torch') else 3)"
+
+
+def interpreter_problem(command: tuple[str, ...], cwd: Path, ours: str = sys.executable,
+                        which: Callable[[str], str | None] = shutil.which) -> str | None:
+    """A Python command whose interpreter (an explicit one, not aegis-flow's own) cannot find
+    torch: every rank's training and runtime check would fail, so say it before anything
+    starts. Asks that interpreter (a ``find_spec``, not an import: well under a second);
+    None when it can, when it is ours, or when it cannot be asked."""
+    from aegis_flow.supervisor.prewarm import python_command
+
+    if not python_command(command):
+        return None
+    program = command[0] if "/" in command[0] else (which(command[0]) or command[0])
+    path = (cwd / program) if "/" in program else Path(program)
+    if os.path.abspath(path) == os.path.abspath(ours):  # not realpath: a venv links its base
+        return None
+    try:
+        asked = subprocess.run([str(path), "-c", _HAS_TORCH], cwd=cwd, timeout=30,
+                               capture_output=True)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if asked.returncode != 3:
+        return None
+    return (f"the interpreter {command[0]!r} cannot import torch, so every rank would fail: "
+            f"use a Python that has torch, or a bare 'python' to run aegis-flow's own ({ours})")
 
 
 def usable_dir(path: Path) -> str | None:

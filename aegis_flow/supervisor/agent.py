@@ -508,6 +508,8 @@ class Supervisor:
         async def warm(argv: list[str], env: dict[str, str]) -> childmod.Child:
             if self.zygote is None or not await self._prewarmed(self.zygote):
                 raise OSError("no pre-warmed interpreter")
+            if not self.zygote.can_check:  # the command's Python lacks aegis-flow: use ours
+                raise OSError("aegis-flow's checks are not importable in the command's Python")
             self._doing("running the checks")
             return await self.zygote.spawn(argv, env, prefix=f"[rank {self.cfg.rank} check] ",
                                            tail_lines=20, on_line=None)

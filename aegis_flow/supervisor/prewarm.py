@@ -92,6 +92,7 @@ class Zygote:
         self.killed: list[int] = []  # children of abandoned spawns, killed on their reply
         self._send_lock = threading.Lock()  # one request on the socket at a time
         self._dead = False
+        self.can_check = False  # aegis-flow's checks import in it (not so in a foreign Python)
         self.reply_timeout = 10.0  # seconds for the zygote to answer a spawn
         self._reader = asyncio.ensure_future(self._read())
 
@@ -107,7 +108,8 @@ class Zygote:
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
                     msg = json.loads(line)
-                    if msg == "ready":
+                    if msg in ("ready", "ready-without-checks"):
+                        self.can_check = msg == "ready"
                         self._ready.set_result(True)
                     elif isinstance(msg, dict) and "exit" in msg:
                         self._exited(msg)

@@ -7,7 +7,9 @@ then forks one training process per request: the fork skips the ~2 s of ``import
 only, torch optional): it must run in an image where aegis-flow itself is not installed.
 
 Protocol on the inherited Unix socket (fd in AEGIS_ZYGOTE_FD), JSON lines:
-  zygote → "ready"; request {id, argv, env, cwd} with the child's stdout fd (SCM_RIGHTS) →
+  zygote → "ready" (or "ready-without-checks": aegis-flow's checks cannot be imported in this
+  interpreter, so the supervisor runs them in its own); request {id, argv, env, cwd} with the
+  child's stdout fd (SCM_RIGHTS) →
   {"id": id, "pid": N} or {"id": id, "error": "..."} (the request's id, echoed: the supervisor
   matches a reply to its request, so a reply to a cancelled request never answers a later
   one); later {"exit": N, "code": C, "signal": S|null}.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import importlib.util
 import json
 import os
 import select
@@ -179,17 +182,20 @@ def main() -> int:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - torch is optional: then only Python is warm
             break
+    checks = True  # can the checks run in a fork of this interpreter?
     for name in CHECK_MODULES if preload is None else ():
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - aegis-flow may not be installed in this image
-            pass
+            checks = False
     wake_r, wake_w = os.pipe()  # SIGCHLD wakes the select below: no polling
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    _send(sock, "ready")
+    if checks and preload is not None:  # nothing pre-imported: can it find them at all?
+        checks = importlib.util.find_spec("aegis_flow") is not None
+    _send(sock, "ready" if checks else "ready-without-checks")
     children: set[int] = set()
     buf = b""
     while True:
