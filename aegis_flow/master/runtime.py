@@ -573,7 +573,9 @@ class Master:
                 await asyncio.wait_for(self.nc.drain(), 2)
         stopped = bool(self.stopped_by) and not self.status.phase.terminal
         final = summary(self.status) + (f"; stopped by {self.stopped_by}" if stopped else "")
-        self._note(final)
+        # under aegis-flow run (a status file) the runner prints the summary as its last word:
+        # once, not twice
+        self._note(final, logging.DEBUG if self.cfg.status_file else logging.INFO)
         if self.observer is not None:
             self.observer.close(final, time.time(), stopped=stopped)
         if http is not None:
