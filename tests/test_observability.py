@@ -290,6 +290,8 @@ def test_progress_line() -> None:
     assert progress_line(snap, 42.4) == "RunCommand · restarts 1/3 · steps/s r0 19.8 r1 - · 42 s"
     snap["workers"][1]["phase"] = "Restarting"
     assert "workers r0:RunCommand,r1:Restarting" in progress_line(snap, 1)
+    failed = {"phase": "Failed", "recover_count": 4, "max_retry": 3, "workers": []}
+    assert progress_line(failed, 5) == "Failed · restarts 3/3 · 5 s"  # not 4/3 (T11)
     # what a phase waits for, grouped by what the ranks say (the longest wait shown)
     from aegis_flow.supervisor.agent import PREWARMING
 

@@ -142,3 +142,32 @@ def test_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     extra.write_text("[[rule]]\ncode = 'my_cause'\n")
     assert main(["explain", "--causes", str(extra)]) == 2
     assert "'class' must be one of" in capsys.readouterr().err
+
+
+def test_brief_is_one_line_unless_a_check_did_not_pass() -> None:
+    from aegis_flow.steps.base import CheckResult, CheckStatus
+    from aegis_flow.steps.cli import brief
+
+    def res(kind: str, status: CheckStatus, took: float, detail: str = "") -> CheckResult:
+        return CheckResult(kind, status is CheckStatus.PASS, status, detail, took, None,
+                           0.0, {})
+
+    quiet = [res("env", CheckStatus.PASS, 0.01), res("io", CheckStatus.PASS, 0.2),
+             res("gpu", CheckStatus.NOT_APPLICABLE, 0.0),
+             res("rdma", CheckStatus.NOT_APPLICABLE, 0.0)]
+    assert brief(quiet) == ("4 checks in 0.2 s: 2 passed, 2 not applicable (gpu, rdma)")
+    loud = [*quiet, res("runtime", CheckStatus.FAIL, 0.5, "runtime: no torch")]
+    lines = brief(loud).splitlines()
+    assert len(lines) == 2 and lines[0].startswith("FAIL") and "runtime: no torch" in lines[0]
+    assert lines[1] == ("5 checks in 0.7 s: 2 passed, 2 not applicable (gpu, rdma), 1 did not "
+                        "pass (runtime)")
+
+
+def test_the_brief_flag_prints_the_summary_line(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "aegis_flow.steps.cli", "check", "io,rdma",
+                          "--dir", str(tmp_path), "--brief", "--io-size-mib", "1",
+                          "--sysfs-root", str(tmp_path)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1].startswith("2 checks in "), out.stdout
+    assert out.stdout.rstrip().endswith("1 passed, 1 not applicable (rdma)"), out.stdout

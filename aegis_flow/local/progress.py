@@ -23,8 +23,11 @@ from aegis_flow.master.endpoints import PROGRESS_PATH
 def progress_line(snap: dict[str, Any], elapsed: float) -> str:
     """``RunCommand · restarts 1/3 · steps/s r0 19.8 r1 19.6 · 42 s`` (pure)."""
     parts = [str(snap.get("phase", "?"))]
-    if "recover_count" in snap:
-        parts.append(f"restarts {snap['recover_count']}/{snap.get('max_retry', '?')}")
+    if "recover_count" in snap:  # past max-retry (T11: the failure not restarted) it is full
+        most = snap.get("max_retry")
+        count = snap["recover_count"]
+        shown = min(count, most) if isinstance(count, int) and isinstance(most, int) else count
+        parts.append(f"restarts {shown}/{'?' if most is None else most}")
     rates = []
     for w in snap.get("workers") or []:
         rate = w.get("step_rate")

@@ -29,6 +29,7 @@ from aegis_flow.settings import env_value
 from aegis_flow.steps.base import (
     CHECK_TYPES,
     CheckResult,
+    CheckStatus,
     all_ok,
     not_applicable,
     parse_budget,
@@ -148,6 +149,22 @@ def _format(results: Sequence[CheckResult]) -> str:
     return "\n".join(lines)
 
 
+def brief(results: Sequence[CheckResult]) -> str:
+    """One line for a round that needs no reading, plus the full row of every check that did
+    not pass (what a rank prints during bootcheck and troubleshoot). Pure."""
+    passed = [r for r in results if r.status is CheckStatus.PASS]
+    idle = [r for r in results if r.status is CheckStatus.NOT_APPLICABLE]
+    rest = [r for r in results if r not in passed and r not in idle]
+    took = sum(r.duration for r in results)
+    parts = [f"{len(passed)} passed"]
+    if idle:
+        parts.append(f"{len(idle)} not applicable ({', '.join(r.check_type for r in idle)})")
+    if rest:
+        parts.append(f"{len(rest)} did not pass ({', '.join(r.check_type for r in rest)})")
+    line = f"{len(results)} checks in {took:.1f} s: {', '.join(parts)}"
+    return "\n".join([_format(rest), line] if rest else [line])
+
+
 def _budget(text: str) -> tuple[str, float]:
     try:
         return parse_budget(text)
@@ -182,6 +199,8 @@ def handle_check(args: argparse.Namespace) -> int:
             return 3
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=2, default=str))
+    elif args.brief:
+        print(brief(results))
     else:
         print(_format(results))
     sys.stdout.flush()
@@ -217,6 +236,8 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--out", default=None, metavar="FILE",
                    help="also write the JSON results to FILE (atomically)")
     c.add_argument("--json", action="store_true", help="print a JSON list of results")
+    c.add_argument("--brief", action="store_true",
+                   help="one summary line, plus the full row of each check that did not pass")
     c.add_argument("--dir", default=env_value("AEGIS_WORK_DIR", "."),
                    help="directory the io check writes in (default $AEGIS_WORK_DIR or .)")
     c.add_argument("--budget", action="append", type=_budget, default=[],

@@ -29,7 +29,7 @@ def check_argv(python: str, plan: list[str], out: str, work_dir: str, rank: int,
                world_size: int, rendezvous: Mapping[str, Any] | None, *,
                io_size_mib: float = 8.0) -> list[str]:
     argv = [python, "-m", "aegis_flow.steps.cli", "check", ",".join(plan), "--out", out,
-            "--dir", work_dir, "--io-size-mib", str(io_size_mib)]
+            "--dir", work_dir, "--io-size-mib", str(io_size_mib), "--brief"]
     if rendezvous:
         argv += ["--rank", str(rank), "--world-size", str(world_size), "--rendezvous",
                  f"tcp://{rendezvous['addr']}:{rendezvous['port']}"]
