@@ -405,7 +405,8 @@ def _on_ack(status: Status, ev: Ack, now: float) -> Result:
         status = _set(status, pod)
         if all(p.incarnation is not None for p in status.workers):
             return _broadcast(status, Phase.BOOTCHECKING, "T1", "T1: every worker acked")
-        return status, ([Log(f"rank {ev.rank} acked")] if first or new_incarnation else [])
+        acked = Log(f"rank {ev.rank} acked", level="debug")
+        return status, ([acked] if first or new_incarnation else [])
 
     if phase.terminal:  # nothing changes any more; a lagging worker still learns the end
         return status, _resend(status, pod)
@@ -536,7 +537,7 @@ def _on_finish(status: Status, ev: Finish) -> Result:
     if held:  # a rank passed: the storage failure is not every rank's, it is a node's
         return _release(status, held[0])
     if not all(p.finished for p in status.workers):
-        return status, [Log(f"rank {ev.rank} finished {phase.value}")]
+        return status, [Log(f"rank {ev.rank} finished {phase.value}", level="debug")]
     if phase is Phase.RUNCOMMAND:  # T4
         seq = status.seq + 1
         workers = tuple(evolve(p, phase=Phase.SUCCEED) for p in status.workers)
