@@ -224,3 +224,30 @@ def test_an_explicit_interpreter_without_torch_is_refused_at_once(tmp_path: Path
         f"fail: use a Python that has torch, or a bare 'python' to run aegis-flow's own "
         f"({sys.executable}): nothing was started"]
     assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.e2e
+def test_ctrl_c_stops_the_job_quietly(tmp_path: Path) -> None:
+    """Ctrl-C at a terminal signals the whole foreground process group: every process stops,
+    the embedded NATS server last, so no worker reports a lost connection on the way out."""
+    import os
+    import signal
+    import time
+
+    from tests.jobs import Output, assert_nothing_left, processes_mentioning
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "AEGIS_PRELOAD": ""}
+    run = Output([*CLI, "run", "--workers", "2", "--no-prewarm", "--state-dir", str(tmp_path),
+                  "--", "sleep", "60"], env, tmp_path, start_new_session=True)
+    try:
+        run.wait_for("RunCommand", timeout=90)
+        time.sleep(1)
+        os.killpg(run.proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        assert run.proc.wait(60) == 128 + signal.SIGINT, run.output
+        run._reader.join(10)
+        assert "interrupted by SIGINT; stopping every process" in run.output
+        assert "EOF" not in run.output and "Traceback" not in run.output, run.output
+        assert_nothing_left(str(tmp_path))
+    finally:
+        for pid in processes_mentioning(str(tmp_path)):
+            os.kill(pid, signal.SIGKILL)

@@ -251,6 +251,10 @@ class EmbeddedNats:
                         stderr=subprocess.STDOUT,
                         pass_fds=(self._lock_fd,),
                         preexec_fn=_pdeathsig_preexec(),  # noqa: PLW1509
+                        # its own session: a Ctrl-C at the terminal reaches the owner, which
+                        # stops the server last, not the server first (the workers would
+                        # print "unexpected EOF" while they are being stopped)
+                        start_new_session=True,
                     )
                 except OSError as exc:
                     raise NatsServerError(

@@ -608,7 +608,8 @@ class Supervisor:
         self._nats_errors += 1
         if now - self._nats_error_at >= 30.0:
             more = f" ({self._nats_errors - 1} more since)" if self._nats_errors > 1 else ""
-            _warn(f"NATS: {str(exc) or type(exc).__name__}{more}; training goes on, reconnecting")
+            text = (str(exc) or type(exc).__name__).removeprefix("nats: ")
+            _warn(f"NATS: {text}{more}; training goes on, reconnecting")
             self._nats_error_at, self._nats_errors = now, 0
 
     async def _nats_back(self) -> None:
