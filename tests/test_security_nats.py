@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import datetime
+import json
 import subprocess
 import sys
 import time
@@ -537,3 +538,78 @@ def test_a_supervisor_with_expired_credentials_says_so_and_runs_plainly(tmp_path
     assert res.returncode == 0, res.stderr
     assert "expired" in res.stderr and "worker-init" in res.stderr
     assert "FAULT TOLERANCE IS OFF" in res.stderr and "plain run" in res.stdout
+
+
+# ---------------------------------------------------------------- attacks by a worker (issue 17)
+
+
+def test_f2_a_renewal_answers_only_into_the_askers_own_inbox(server: Server,
+                                                            tmp_path: Path) -> None:
+    """Review F2: a worker set its renewal's reply subject to a JetStream API subject and the
+    master, with its own rights, purged a status stream. The master now answers only inside
+    the asking rank's inbox: the purge of its own job's KV, and a reply into another rank's
+    inbox, are ignored (and counted); a proper renewal still works."""
+    async def go() -> None:
+        from aegis_flow.master.store import KVStore
+
+        async with master(server, "job-f2") as (svc, m):
+            s = p.Subjects("default", "job-f2")
+            store = await KVStore.open(m.nc, s.kv_bucket)
+            await store.save(b'{"keep": true}', 0)
+            w0, s0 = await worker(svc, "job-f2", 0, tmp_path)
+            body = json.dumps({"public_key": s0.creds.public_key, "jwt": s0.creds.jwt}).encode()
+            rank1_inbox = f"{s.prefix}.inbox.1.stolen"
+            w1 = await Client().connect(server.url, **svc.connect_options())  # master's rights
+            await w1.listen(rank1_inbox)
+            for reply in (f"$JS.API.STREAM.PURGE.KV_{s.kv_bucket}", rank1_inbox,
+                          f"{s.prefix}.broadcast"):
+                await w0.nc.publish(s0.creds.renew_subject, body, reply=reply)
+            await w0.nc.flush()
+            deadline = time.monotonic() + 10
+            while svc.foreign_replies < 3:
+                assert time.monotonic() < deadline, svc.foreign_replies
+                await asyncio.sleep(0.05)
+            assert await store.load() is not None  # not purged
+            assert (await store.load())[0] == b'{"keep": true}'  # type: ignore[index]
+            assert w1.got == []  # nothing was sent into rank 1's inbox
+            await s0.renew(w0.nc)  # the real thing, into its own inbox
+            assert s0.renewals == 1
+
+    asyncio.run(go())
+
+
+def test_f3_an_oversized_request_is_refused_before_it_is_logged(
+        server: Server, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Review F3: a wrong-token request with a 4 MB field was logged in full (82 MB of log in
+    1.2 s). The gRPC server now refuses a request over 64 KiB unread; a small wrong request
+    is logged with its fields cut to 40 characters."""
+    async def go() -> None:
+        async with master(server, "job-f3") as (svc, _):
+            huge = replace(init_config(svc, "job-f3", "0", tmp_path), token="w" * (4 << 20))
+            with pytest.raises(InitError, match="RESOURCE_EXHAUSTED"):
+                await asyncio.get_running_loop().run_in_executor(None, fetch, huge)
+            long_worker = replace(init_config(svc, "job-f3", "9" * 5000, tmp_path))
+            with pytest.raises(InitError, match="INVALID_ARGUMENT") as err:
+                await asyncio.get_running_loop().run_in_executor(None, fetch, long_worker)
+            assert "9" * 41 not in str(err.value)  # the answer does not echo it either
+            assert svc.issuer.minted == 0
+
+    with caplog.at_level("WARNING", logger="aegis_flow.master.creds"):
+        asyncio.run(go())
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "9" * 41 not in logged and "(5000 characters)" in logged
+    assert len(logged) < 2000, len(logged)
+
+
+@pytest.mark.parametrize("worker", ["01", "+1", " 1", "1.0", "\u00b9"])
+def test_only_canonical_ranks_get_credentials(server: Server, tmp_path: Path,
+                                              worker: str) -> None:
+    """Review: rank '01' was accepted as rank 1, a second name for one rank."""
+    async def go() -> None:
+        async with master(server, "job-canon") as (svc, _):
+            cfg = init_config(svc, "job-canon", worker, tmp_path)
+            with pytest.raises(InitError, match="INVALID_ARGUMENT"):
+                await asyncio.get_running_loop().run_in_executor(None, fetch, cfg)
+            assert svc.issuer.minted == 0
+
+    asyncio.run(go())

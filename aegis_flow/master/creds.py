@@ -26,6 +26,7 @@ from aegis_flow.settings import MASTER
 
 log = logging.getLogger("aegis_flow.master.creds")
 MASTER_JWT_LIFETIME = 24 * 3600.0
+MAX_REQUEST_BYTES = 64 * 1024  # the largest SyncWorkerCreds request the gRPC server reads
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class CredsService:
         self._server: Any = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._evicted: dict[int, list[str]] = {}  # rank → keys whose revocation is pending
+        self.foreign_replies = 0  # renewals ignored: their reply subject was not the inbox
         self._sys: Any = None
 
     # -- the master's own NATS user ----------------------------------------------------------
@@ -93,7 +95,10 @@ class CredsService:
         aegis_pb2_grpc: Any = importlib.import_module("aegis_flow.rpc.aegis_pb2_grpc")
 
         self.nc = nc
-        self._server = grpc.aio.server()
+        # a SyncWorkerCreds request is a few hundred bytes: refuse anything near a megabyte
+        # before it is parsed or logged (review F3: a 4 MB field made 82 MB of log)
+        self._server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
         aegis_pb2_grpc.add_AegisCredsServicer_to_server(_Servicer(self), self._server)
         if self.cfg.tls_cert:
             creds = grpc.ssl_server_credentials(
@@ -189,6 +194,17 @@ class CredsService:
             return
         try:
             rank = int(msg.subject.rsplit(".", 1)[1])
+        except ValueError:
+            return
+        inbox = iss.inbox_prefix(self.issuer.subjects, rank) + "."
+        if not msg.reply.startswith(inbox):  # no confused deputy (review F2): the answer goes
+            self.foreign_replies += 1         # only into the asking rank's own inbox
+            if self.foreign_replies & (self.foreign_replies - 1) == 0:  # 1, 2, 4, …: no flood
+                log.warning("credentials: ignored a renewal from rank %d whose reply subject "
+                            "%s is outside its inbox (%d so far)", rank,
+                            iss.shown(msg.reply, 60), self.foreign_replies)
+            return
+        try:
             data = json.loads(msg.data)
             grant = self.issuer.renew(rank, str(data["public_key"]), now=time.time(),
                                       current=str(data.get("jwt", "")))
@@ -218,8 +234,8 @@ class _Servicer:
             grant = self.service.sync(req)
         except iss.Refused as exc:
             peer = context.peer() if hasattr(context, "peer") else "?"
-            log.warning("credentials: refused %s for worker %r from %s: %s", exc.code.value,
-                        request.worker, peer, exc.message)
+            log.warning("credentials: refused %s for worker %s from %s: %s", exc.code.value,
+                        iss.shown(request.worker), iss.shown(str(peer), 60), exc.message)
             await context.abort(getattr(grpc.StatusCode, exc.code.value), exc.message)
             raise  # abort raises; this is never reached
         return aegis_pb2.SyncWorkerCredsResponse(

@@ -67,6 +67,13 @@ class Grant:
     expires_at: int
 
 
+def shown(text: str, most: int = 40) -> str:
+    """Attacker-supplied text as it may appear in a message or a log line: quoted, at most
+    ``most`` characters (a 4 MB field must not become a 4 MB log line)."""
+    cut = text[:most]
+    return repr(cut) + (f"… ({len(text)} characters)" if len(text) > most else "")
+
+
 def renew_subject(subjects: p.Subjects, rank: int) -> str:
     return f"{subjects.prefix}.creds.{rank}"
 
@@ -121,7 +128,7 @@ class Issuer:
         if (req.job, req.namespace) != (self.job, self.namespace):
             raise Refused(Code.PERMISSION_DENIED,
                           f"this master serves job {self.namespace}/{self.job}, "
-                          f"not {req.namespace}/{req.job}")
+                          f"not {shown(req.namespace)}/{shown(req.job)}")
         if self.ended:
             raise Refused(Code.FAILED_PRECONDITION,
                           f"job {self.namespace}/{self.job} has ended: no new credentials")
@@ -175,9 +182,12 @@ class Issuer:
 
     # -- helpers ------------------------------------------------------------------------------
     def _rank(self, worker: str) -> int:
-        if not worker.isdigit() or not 0 <= int(worker) < self.workers:
-            raise Refused(Code.INVALID_ARGUMENT, f"worker {worker!r} is not a rank of this job "
-                          f"(0..{self.workers - 1})")
+        """A canonical rank of this job (``1``, never ``01`` or ``+1``: one rank, one name)."""
+        canonical = (0 < len(worker) <= 9 and worker.isascii() and worker.isdigit()
+                     and str(int(worker)) == worker)  # length first: int() of 5,000 digits
+        if not canonical or not 0 <= int(worker) < self.workers:  # raises, it does not refuse
+            raise Refused(Code.INVALID_ARGUMENT, f"worker {shown(worker)} is not a rank of this "
+                          f"job (0..{self.workers - 1})")
         return int(worker)
 
     @staticmethod
