@@ -127,6 +127,7 @@ class Master:
         self._loss_grace_until = 0.0
         self._next_loss_check = 0.0  # silent workers are judged once per lost timeout
         self._first_finish: tuple[int, float] | None = None  # (seq, when) of the first Finish
+        self.conflict: StoreConflict | None = None  # a save found another master's status
         self._nats_error_at = float("-inf")  # the last NATS client error said (rate-limited)
         self._stats_at = 0.0
         self.phase_since = time.monotonic()
@@ -263,7 +264,13 @@ class Master:
             new, effects = m.step(self.status, event, now=time.time())
             if effects and isinstance(effects[0], m.Persist):
                 self.status = new
-                if not await self._save():
+                try:
+                    saved = await self._save()
+                except StoreConflict as exc:  # another master stored since: it owns the job
+                    self.status = before_status
+                    self.conflict = exc  # the main loop ends this master (exit code 2)
+                    raise
+                if not saved:
                     self.status = before_status
                     return False
                 effects = effects[1:]
@@ -423,6 +430,8 @@ class Master:
             before = self.status
             await self.apply(event)
             self._after(before)
+        except StoreConflict:  # apply kept it in self.conflict: the main loop exits on it
+            return  # (raised here it would vanish into nats-py's callback: a zombie master)
         except m.MalformedEvent as exc:
             self.stats["invalid"] += 1
             log.warning("dropped a malformed event: %s", exc)
@@ -551,6 +560,8 @@ class Master:
                 self.observer.loaded(self.status, resumed=self.revision > 1, now=time.time())
             self.ready = True
             while True:
+                if self.conflict is not None:
+                    raise self.conflict
                 await self.tick()
                 if self.ended_at is not None and (
                         time.monotonic() - self.ended_at > self.cfg.linger or self._all_gone()):
