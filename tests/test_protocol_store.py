@@ -88,6 +88,13 @@ def test_status_codec_round_trips_a_deep_status() -> None:
 def test_damaged_status_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="damaged"):
         status_from_dict({"phase": "Nowhere", "workers": []})
+    from aegis_flow.master.store import decode_doc
+
+    # review F5: a document without its status object was a KeyError (a traceback in
+    # `status` and in a restarted master)
+    for raw in (b'{"stats": {}}', b'{"status": 3}', b"[]", b"\xff", b'{"status": {}}'):
+        with pytest.raises(ValueError, match="stored status is damaged"):
+            decode_doc(raw)
 
 
 def test_memory_store_compare_and_set() -> None:
