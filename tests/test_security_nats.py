@@ -613,3 +613,41 @@ def test_only_canonical_ranks_get_credentials(server: Server, tmp_path: Path,
             assert svc.issuer.minted == 0
 
     asyncio.run(go())
+
+
+def test_f6_a_token_holder_cannot_grow_the_revocation_list_without_bound(
+        server: Server, tmp_path: Path) -> None:
+    """Review F6: 1,500 mints for one rank in 30 s put 1,499 keys on the shared account's
+    revocation list (kept 7 days; past ~11k the claims update exceeds NATS's max payload and
+    revocation stops for every job). Now one rank registers at most MAX_NEW_KEYS_PER_RANK keys
+    per JWT lifetime (then RESOURCE_EXHAUSTED, counted), and the list is pruned after the JWT
+    lifetime (plus a margin), not 7 days."""
+    from aegis_flow.master.creds import REVOCATION_MARGIN
+    from aegis_flow.security.issuer import MAX_NEW_KEYS_PER_RANK
+
+    async def go() -> None:
+        async with master(server, "job-f6") as (svc, _):
+            cfg = init_config(svc, "job-f6", "0", tmp_path)
+            loop = asyncio.get_running_loop()
+            for _ in range(MAX_NEW_KEYS_PER_RANK):
+                await loop.run_in_executor(None, fetch, cfg)
+            with pytest.raises(InitError, match="RESOURCE_EXHAUSTED"):
+                await loop.run_in_executor(None, fetch, cfg)
+            # worker-init retries RESOURCE_EXHAUSTED once: each try is refused and counted
+            assert svc.issuer.refused_new_keys == cfg.retries + 1
+            assert svc.counters()["new_keys"] == cfg.retries + 1
+            await worker(svc, "job-f6", 1, tmp_path)  # other ranks are not held up
+            deadline = time.monotonic() + 10
+            while svc.revocations < MAX_NEW_KEYS_PER_RANK - 1:  # the pushes are async
+                assert time.monotonic() < deadline, svc.revocations
+                await asyncio.sleep(0.05)
+
+    asyncio.run(go())
+    revoked = operator.read_revocations(server.auth.path)
+    ours = len(revoked)
+    assert ours >= MAX_NEW_KEYS_PER_RANK - 1
+    # a later push prunes what is older than the JWT lifetime (600 s here) plus the margin
+    later = time.time() + 600 + REVOCATION_MARGIN + 1
+    pruned = operator.record_revocations(server.auth, ["UNEWKEY"], now=later,
+                                         keep=600 + REVOCATION_MARGIN)
+    assert pruned == {"UNEWKEY": int(later)}

@@ -26,7 +26,9 @@ from aegis_flow.settings import MASTER
 
 log = logging.getLogger("aegis_flow.master.creds")
 MASTER_JWT_LIFETIME = 24 * 3600.0
-MAX_REQUEST_BYTES = 64 * 1024  # the largest SyncWorkerCreds request the gRPC server reads
+MAX_REQUEST_BYTES = 64 * 1024
+# a revocation outlives the revoked key's JWT by this much (clock skew between the nodes)
+REVOCATION_MARGIN = 300.0  # the largest SyncWorkerCreds request the gRPC server reads
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class CredsService:
         self._tasks: set[asyncio.Task[None]] = set()
         self._evicted: dict[int, list[str]] = {}  # rank → keys whose revocation is pending
         self.foreign_replies = 0  # renewals ignored: their reply subject was not the inbox
+        self.revocations = 0  # entries on the revocation list after the last push
         self._sys: Any = None
 
     # -- the master's own NATS user ----------------------------------------------------------
@@ -133,6 +136,11 @@ class CredsService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def counters(self) -> dict[str, int]:
+        """What an outsider tried and was refused, and the revocation list's size."""
+        return {"new_keys": self.issuer.refused_new_keys,
+                "foreign_reply": self.foreign_replies, "revocations": self.revocations}
+
     # -- events from the master ---------------------------------------------------------------
     def job_ended(self) -> None:
         self.issuer.end()
@@ -159,7 +167,9 @@ class CredsService:
         now = time.time()
         try:
             revocations = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: operator.record_revocations(self.auth, keys, now=now))
+                None, lambda: operator.record_revocations(
+                    self.auth, keys, now=now, keep=self.cfg.jwt_lifetime + REVOCATION_MARGIN))
+            self.revocations = len(revocations)
             account_jwt = self.auth.account_jwt(now, revocations)
             if self._sys is None or self._sys.is_closed:
                 sys_key = self.auth.seed("system-user")

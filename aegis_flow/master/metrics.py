@@ -108,6 +108,14 @@ class MasterMetrics:
                           WORKER_LABELS, registry=r)
         self.up = Gauge("aegis_worker_up", "1 while the worker's heartbeats arrive",
                         WORKER_LABELS, registry=r)
+        self.credential_refusals = Gauge(
+            "aegis_credential_refusals", "Credential requests this master refused or ignored "
+            "since it started, by reason: new_keys (a rank registering keys in a loop), "
+            "foreign_reply (a renewal whose reply subject is outside the rank's inbox)",
+            ("reason",), registry=r)
+        self.revocations = Gauge(
+            "aegis_credential_revocations", "Keys on the account's revocation list after this "
+            "master's last push (pruned after the JWT lifetime)", registry=r)
 
     def render(self) -> bytes:
         """The registry in Prometheus' text format."""

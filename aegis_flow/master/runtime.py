@@ -460,6 +460,8 @@ class Master:
             return
         if await self._bound_the_finish(st, now):
             return
+        if self.security is not None:
+            self._count_refusals(self.security.counters())
         if self.store_down_since is not None or (
                 dict(self.stats) != self._stats_saved and now - self._stats_at > 1.0):
             self._stats_at = now  # keep the stored stats current; probe a store that failed
@@ -481,6 +483,17 @@ class Master:
         for rank in sorted(silent):
             await self.apply(m.Lost(rank, silent=ranks, nats_ok=nats_ok,
                                     outlasted=silent[rank] > self.cfg.outage_limit))
+
+    def _count_refusals(self, counters: dict[str, int]) -> None:
+        """The credential service's counters, into the stored stats and the metrics."""
+        for name, value in counters.items():
+            if value and self.stats[f"creds_{name}"] != value:
+                self.stats[f"creds_{name}"] = value
+        metrics = self.observer.metrics if self.observer is not None else None
+        if metrics is not None:
+            for reason in ("new_keys", "foreign_reply"):
+                metrics.credential_refusals.labels(reason).set(counters.get(reason, 0))
+            metrics.revocations.set(counters.get("revocations", 0))
 
     async def _bound_the_finish(self, st: m.Status, now: float) -> bool:
         """The finish lag: in a synchronous job every rank finishes within seconds of the

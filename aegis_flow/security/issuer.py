@@ -36,6 +36,13 @@ class Code(enum.Enum):
     PERMISSION_DENIED = "PERMISSION_DENIED"
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
     FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+
+
+#: new keys one rank may register within one JWT lifetime: every restart of a pod is one, and
+#: each new key revokes the last; past this a token holder is minting in a loop (review F6:
+#: 1,499 revocations in 30 s grew the account's shared list without bound)
+MAX_NEW_KEYS_PER_RANK = 16
 
 
 class Refused(Exception):
@@ -110,6 +117,8 @@ class Issuer:
     minted: int = 0
     keys: dict[int, list[str]] = field(default_factory=dict)  # rank → keys, newest last
     revoked: set[str] = field(default_factory=set)
+    registered: dict[int, list[float]] = field(default_factory=dict)  # rank → when, recent
+    refused_new_keys: int = 0  # requests over MAX_NEW_KEYS_PER_RANK (a metric)
 
     def __post_init__(self) -> None:
         if len(self.token) < 16:
@@ -137,6 +146,14 @@ class Issuer:
         if key in self.revoked:
             raise Refused(Code.PERMISSION_DENIED, "this key was revoked")
         known = self.keys.setdefault(rank, [])
+        if key not in known:
+            recent = [t for t in self.registered.get(rank, []) if now - t < self.lifetime]
+            if len(recent) >= MAX_NEW_KEYS_PER_RANK:
+                self.refused_new_keys += 1
+                raise Refused(Code.RESOURCE_EXHAUSTED,
+                              f"rank {rank} registered {len(recent)} new keys within "
+                              f"{self.lifetime:.0f} s; no more until the oldest is that old")
+            self.registered[rank] = [*recent, now]
         stale = [k for k in known if k != key and k not in self.revoked]
         if key not in known:
             known.append(key)

@@ -198,14 +198,16 @@ def _locked(root: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def record_revocations(auth: AuthDir, users: list[str], *, now: float) -> dict[str, int]:
-    """Add ``users`` (public keys) to the revocation list, prune entries older than any JWT can
-    live, write the list and the server config; return the list. Serialized by a file lock,
-    so masters sharing the dir never lose each other's entries."""
+def record_revocations(auth: AuthDir, users: list[str], *, now: float,
+                       keep: float = REVOCATION_KEEP_S) -> dict[str, int]:
+    """Add ``users`` (public keys) to the revocation list, prune entries older than ``keep``
+    seconds (a revoked key's JWT has expired by then: a master passes its JWT lifetime),
+    write the list and the server config; return the list. Serialized by a file lock, so
+    masters sharing the dir never lose each other's entries."""
     with _locked(auth.path):
         current = read_revocations(auth.path)
         current.update({u: int(now) for u in users})
-        current = {u: t for u, t in current.items() if now - t < REVOCATION_KEEP_S}
+        current = {u: t for u, t in current.items() if now - t < keep}
         _write_secret(auth.path / REVOCATIONS, json.dumps(current, sort_keys=True) + "\n")
         if (auth.path / "nats.conf").is_file():
             auth.write_server_config(now=now)
