@@ -94,6 +94,15 @@ class KubeNodeApi:
         return self._info(self._call(f"patch node {name}", name, self.core.patch_node, name,
                                      body, _content_type=MERGE_PATCH))
 
+    def pods_at(self, namespace: str, address: str) -> list[dict[str, Any]]:
+        """The running pods of ``namespace`` whose ``status.podIP`` is ``address`` (name,
+        node, labels): where a worker that called the master really runs (placement.py)."""
+        got = self._call(f"list pods at {address}", None, self.core.list_namespaced_pod,
+                         namespace, field_selector=f"status.podIP={address},"
+                         "status.phase=Running", _rights=f"pods get/list in {namespace}")
+        return [{"name": pod.metadata.name, "node": pod.spec.node_name or "",
+                 "labels": dict(pod.metadata.labels or {})} for pod in got.items]
+
     def secret_keys(self, namespace: str, name: str) -> frozenset[str]:
         got = self._call(f"get secret {namespace}/{name}", name,
                          self.core.read_namespaced_secret, name, namespace,

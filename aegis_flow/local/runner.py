@@ -159,6 +159,9 @@ def with_our_python(command: tuple[str, ...], ours: str = sys.executable
     return (ours, *command[1:]), note
 
 
+NODES_FILE = "nodes.json"  # rank → the node the runner started it on (read by the master)
+
+
 def command_problem(command: tuple[str, ...], cwd: Path,
                     which: Callable[[str], str | None]) -> str | None:
     """Why the command cannot start on this machine (every rank would fail the same way, so
@@ -264,6 +267,7 @@ class LocalJob:
                 "--status-file", str((self.state_dir / "status.json").absolute()),
                 "--metrics-port", str(c.metrics_port), "--metrics-addr", "127.0.0.1",
                 "--port-file", str((self.state_dir / "metrics.port").absolute()),
+                "--node-file", str((self.state_dir / NODES_FILE).absolute()),
                 "--log-dir", str((self.state_dir / "logs").absolute()),
                 "--give-up-on-repeat" if c.give_up_on_repeat else "--no-give-up-on-repeat",
                 *self._master_auth_args(), *c.extra_master_args]
@@ -348,6 +352,15 @@ class LocalJob:
         tmp = self.state_dir / "pids.json.tmp"
         tmp.write_text(json.dumps(pids))
         os.replace(tmp, self.state_dir / "pids.json")
+        self._write_nodes()
+
+    def _write_nodes(self) -> None:
+        """Where each worker runs, in the runner's words: the master trusts this file, not the
+        node a worker names in its heartbeat (review F1)."""
+        nodes = {str(r): self._node(r) for r in range(self.cfg.workers)}
+        tmp = self.state_dir / "nodes.json.tmp"
+        tmp.write_text(json.dumps(nodes))
+        os.replace(tmp, self.state_dir / NODES_FILE)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if self._stopping:  # already stopping everything: let the cleanup finish
@@ -497,6 +510,7 @@ class LocalJob:
             (self.state_dir / "nats.url").write_text(self.url + "\n")
             _say(f"job {self.cfg.job}: {self.cfg.workers} workers, max-retry "
                  f"{self.cfg.max_retry}, NATS {self.url}, state in {self.state_dir}")
+            self._write_nodes()  # before the master, which reads it
             self.master = _spawn(self._master_args(first=True), self.env)
             for rank in range(self.cfg.workers):
                 self.workers[rank] = _spawn(self._worker_args(rank), self._worker_env(rank))

@@ -15,8 +15,24 @@ import sys
 from aegis_flow.argtypes import port, positive_seconds
 from aegis_flow.master.endpoints import DEFAULT_METRICS_PORT
 from aegis_flow.master.model import RDZV_SPAN
+from aegis_flow.master.placement import Placement
 from aegis_flow.master.runtime import Master, MasterConfig
 from aegis_flow.settings import MASTER, ConfigError, check_master, report
+
+
+def _placement(a: argparse.Namespace, nodes: object, security: object) -> Placement | None:
+    """Where each rank really runs (placement.py): the runner's file locally; on Kubernetes
+    (nodes patched, credentials served) the pod behind each credential exchange; else none,
+    and the heartbeats' claims stand (only a master that can quarantine needs more)."""
+    from aegis_flow.master import placement as pl
+
+    if a.node_file:
+        return pl.RunnerFile(a.node_file)
+    if nodes is not None and security is not None:
+        where = pl.PodsByAddress(pl.KubePods(nodes, a.namespace), a.workflow)
+        security.placement = where  # type: ignore[attr-defined]
+        return where
+    return None
 
 
 def _help(name: str) -> str:
@@ -99,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help=_help("revoke_grace"))
     sec.add_argument("--advertise-nats-url", action="append", default=[],
                      help="NATS URL workers should dial (default: --nats-url); repeatable")
+    ap.add_argument("--node-file", default="",
+                    help="where each rank runs, as aegis-flow run writes it (nodes.json: rank "
+                    "→ node); trusted over the node a heartbeat names")
+    ap.add_argument("--workflow", default=os.environ.get("ARGO_WORKFLOW_NAME", ""),
+                    help="on Kubernetes: the Argo workflow whose pods may be this job's "
+                    "workers (default: $ARGO_WORKFLOW_NAME)")
     ap.add_argument("--quarantine-nodes", action="store_true",
                     help="on Kubernetes: label and taint the node of a hardware fault "
                     "(the kubernetes client; needs nodes get/patch: aegis-flow install)")
@@ -165,8 +187,10 @@ def main(argv: list[str] | None = None) -> int:
             nodes = KubeNodeApi.connect()
         except NodeApiError as exc:
             ap.error(str(exc))
+    placement = _placement(a, nodes, security)
     try:
-        return asyncio.run(_serve(Master(cfg, security=security, nodes=nodes)))
+        return asyncio.run(_serve(Master(cfg, security=security, nodes=nodes,
+                                         placement=placement)))
     except KeyboardInterrupt:
         return 130
     except Exception:  # noqa: BLE001 - a bug or an unforeseen failure: never "job failed"

@@ -68,6 +68,9 @@ class CredsService:
         self._evicted: dict[int, list[str]] = {}  # rank → keys whose revocation is pending
         self.foreign_replies = 0  # renewals ignored: their reply subject was not the inbox
         self.revocations = 0  # entries on the revocation list after the last push
+        # Kubernetes: where each rank's pod runs, resolved from the address of its credential
+        # exchange (placement.PodsByAddress); the master trusts it, not the heartbeats
+        self.placement: Any = None
         self._sys: Any = None
 
     # -- the master's own NATS user ----------------------------------------------------------
@@ -242,6 +245,13 @@ class _Servicer:
                           public_key=request.public_key, token=request.bootstrap_token)
         try:
             grant = self.service.sync(req)
+            placement = self.service.placement
+            if placement is not None:  # where this rank's pod runs, from the API (F1)
+                peer = context.peer() if hasattr(context, "peer") else ""
+                node = await asyncio.get_running_loop().run_in_executor(
+                    None, placement.record, int(req.worker), str(peer))
+                if node is None:
+                    log.warning("credentials: %s", placement.refused[-1])
         except iss.Refused as exc:
             peer = context.peer() if hasattr(context, "peer") else "?"
             log.warning("credentials: refused %s for worker %s from %s: %s", exc.code.value,

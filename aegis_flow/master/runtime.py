@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -22,6 +23,7 @@ from aegis_flow import protocol as p
 from aegis_flow.master import machine as m
 from aegis_flow.master import policy
 from aegis_flow.master.model import RDZV_RANK0, RDZV_SPAN, evolve
+from aegis_flow.master.placement import Placement, trusted_node
 from aegis_flow.master.store import KVStore, Store, StoreConflict, decode_doc, encode_doc
 from aegis_flow.settings import MASTER
 
@@ -102,14 +104,24 @@ def pick_port_window(addr: str, *, low: int = 20000, high: int = 32000) -> int:
     return low
 
 
+def iss_shown(text: str) -> str:
+    from aegis_flow.security.issuer import shown
+
+    return shown(text)
+
+
 class StoreDamaged(RuntimeError):
     """The stored status document cannot be read: the master will not resume from it."""
 
 
 class Master:
     def __init__(self, cfg: MasterConfig, *, store: Store | None = None,
-                 security: CredsService | None = None, nodes: Any = None) -> None:
+                 security: CredsService | None = None, nodes: Any = None,
+                 placement: Placement | None = None) -> None:
         self.cfg = cfg
+        # where each rank really runs (placement.py): heartbeats only claim it (review F1)
+        self.placement = placement or (security.placement if security is not None else None)
+        self._foreign_said: set[int] = set()
         self.security = security  # per-worker NATS credentials (master/creds.py), or none
         self.nodes = nodes  # a k8s.api.NodeApi on Kubernetes: Quarantine labels/taints the node
         self.node_jobs: list[asyncio.Future[None]] = []
@@ -409,6 +421,8 @@ class Master:
             msg = p.decode(raw, job=self.cfg.job, namespace=self.cfg.namespace)
             p.check_sender(msg, sender)
             event = p.to_event(msg)
+            if isinstance(event, m.Ack) and self.placement is not None:
+                msg, event = self._placed(msg, event)
         except p.ProtocolError as exc:
             self.stats["foreign" if exc.foreign else "invalid"] += 1
             log.warning("dropped a message: %s", exc.reason)
@@ -435,6 +449,22 @@ class Master:
         except m.MalformedEvent as exc:
             self.stats["invalid"] += 1
             log.warning("dropped a malformed event: %s", exc)
+
+    def _placed(self, msg: p.Message, event: m.Ack) -> tuple[p.Message, m.Ack]:
+        """The heartbeat with the node the trusted source names (a claim that differs is
+        counted as foreign and said once per rank)."""
+        assert self.placement is not None
+        node, foreign = trusted_node(event.node, self.placement.node_of(event.rank))
+        if foreign:
+            self.stats["foreign"] += 1
+            if event.rank not in self._foreign_said:
+                self._foreign_said.add(event.rank)
+                log.warning("rank %d claims to run on node %s, but runs on %s: the claim is "
+                            "ignored", event.rank, iss_shown(event.node), node)
+        if node == event.node:
+            return msg, event
+        return (dataclasses.replace(msg, data={**msg.data, "node": node}),
+                dataclasses.replace(event, node=node))
 
     async def _cb(self, msg: Any) -> None:
         await self.on_message(msg.data, msg.subject)
