@@ -34,6 +34,9 @@ class MsgType(enum.Enum):
     STOP = "Stop"  # operator request (aegis-flow stop)
 
 
+MAX_STEP = 2**53  # the largest step a JSON number holds exactly (review F8: 10^30 stuck)
+
+
 class ProtocolError(ValueError):
     """A message that cannot be decoded or does not belong here. Permanent: drop and count."""
 
@@ -215,8 +218,9 @@ def to_event(msg: Message) -> m.Event:
         return m.HangWithQuit(msg.rank, msg.seq, waiting=msg.data.get("waiting") is True)
     if t is MsgType.CHECKPOINT:
         step = msg.data.get("step")
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ProtocolError(f"checkpoint without a valid step: {step!r}")
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_STEP:
+            shown = repr(step) if len(repr(step)) <= 40 else repr(step)[:40] + "…"
+            raise ProtocolError(f"checkpoint without a valid step: {shown}")
         return m.CheckpointDone(step)
     if t is MsgType.STOP:
         return m.Stop(str(msg.data.get("reason", "stopped by an operator"))[:200])

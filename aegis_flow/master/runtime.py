@@ -424,14 +424,16 @@ class Master:
             if isinstance(event, m.Ack) and self.placement is not None:
                 msg, event = self._placed(msg, event)
         except p.ProtocolError as exc:
-            self.stats["foreign" if exc.foreign else "invalid"] += 1
-            log.warning("dropped a message: %s", exc.reason)
+            self._dropped("foreign" if exc.foreign else "invalid", f"a message: {exc.reason}")
+            return
+        if isinstance(event, m.CheckpointDone) and not self._plausible(event.step):
+            self._dropped("invalid", f"a checkpoint at step {event.step}: beyond every step "
+                          f"the ranks have reported ({self._steps_seen()})")
             return
         if isinstance(event, m.CheckpointDone | m.Stop):
             pass
         elif not 0 <= msg.rank < self.cfg.workers:
-            self.stats["invalid"] += 1
-            log.warning("dropped a message from unknown rank %r", msg.rank)
+            self._dropped("invalid", f"a message from unknown rank {msg.rank!r}")
             return
         else:
             self.last_seen[msg.rank] = time.monotonic()
@@ -449,6 +451,25 @@ class Master:
         except m.MalformedEvent as exc:
             self.stats["invalid"] += 1
             log.warning("dropped a malformed event: %s", exc)
+
+    def _dropped(self, kind: str, what: str) -> None:
+        """Count a dropped message; say so for the 1st, 2nd, 4th, 8th… of its kind only (a
+        flood of 10,000 a second must not become 10,000 log lines a second)."""
+        self.stats[kind] += 1
+        count = self.stats[kind]
+        if count & (count - 1) == 0:
+            log.warning("dropped %s (%s %d so far)", what, kind, count)
+
+    def _steps_seen(self) -> int:
+        """The highest training step any rank's heartbeat reported (-1: none reported)."""
+        views = self.observer.views if self.observer is not None else []
+        return max((v.step for v in views if v.step is not None), default=-1)
+
+    def _plausible(self, step: int) -> bool:
+        """A checkpoint can only be at a step the job has reached, when the ranks report steps
+        (review F8: a step of 10^30 was taken and stuck for good)."""
+        seen = self._steps_seen()
+        return seen < 0 or step <= seen
 
     def _placed(self, msg: p.Message, event: m.Ack) -> tuple[p.Message, m.Ack]:
         """The heartbeat with the node the trusted source names (a claim that differs is
