@@ -651,3 +651,29 @@ def test_f6_a_token_holder_cannot_grow_the_revocation_list_without_bound(
     pruned = operator.record_revocations(server.auth, ["UNEWKEY"], now=later,
                                          keep=600 + REVOCATION_MARGIN)
     assert pruned == {"UNEWKEY": int(later)}
+
+
+def test_f2_the_masters_own_user_reaches_only_its_own_bucket(server: Server) -> None:
+    """Defence in depth for F2: the master's NATS user may use the JetStream API of its own
+    job's KV bucket only, so even a master tricked into publishing cannot purge, delete or
+    read another job's stored status."""
+    async def go() -> None:
+        from aegis_flow.master.store import KVStore
+
+        async with master(server, "job-own") as (_, mine), master(server, "job-theirs") as (
+                _, theirs):
+            victim = await KVStore.open(theirs.nc, p.Subjects("default", "job-theirs").kv_bucket)
+            await victim.save(b'{"theirs": 1}', 0)
+            ours = await KVStore.open(mine.nc, p.Subjects("default", "job-own").kv_bucket)
+            await ours.save(b'{"ours": 1}', 0)  # its own bucket: create, write, read
+            assert (await ours.load())[0] == b'{"ours": 1}'
+            stream = f"KV_{p.Subjects('default', 'job-theirs').kv_bucket}"
+            for verb in ("PURGE", "DELETE", "INFO", "MSG.GET"):
+                await mine.nc.publish(f"$JS.API.STREAM.{verb}.{stream}", b"{}")
+            await mine.nc.publish(f"$KV.{p.Subjects('default', 'job-theirs').kv_bucket}.status",
+                                  b"{}")
+            errors = await mine.violations(5)
+            assert all("permissions violation" in e for e in errors[-5:]), errors
+            assert (await victim.load())[0] == b'{"theirs": 1}'  # untouched
+
+    asyncio.run(go())

@@ -97,9 +97,20 @@ def worker_permissions(subjects: p.Subjects, rank: int) -> nj.Permissions:
 
 
 def master_permissions(subjects: p.Subjects) -> nj.Permissions:
-    """The master's own user: its job's subjects, JetStream (its KV bucket) and replies."""
+    """The master's own user: its job's subjects, the JetStream API of its own KV bucket only
+    (what nats-py's key-value calls use: stream info/create/delete/purge, direct and message
+    get, consumers for watches), its bucket's keys, and replies. Never ``$JS.API.>``: even a
+    master tricked into publishing somewhere (review F2) cannot touch another job's stream."""
+    stream = f"KV_{subjects.kv_bucket}"
+    api = "$JS.API"
     return nj.Permissions(
-        pub=(f"{subjects.prefix}.>", "$JS.API.>", f"$KV.{subjects.kv_bucket}.>"),
+        pub=(f"{subjects.prefix}.>", f"{api}.INFO",
+             *(f"{api}.STREAM.{verb}.{stream}"
+               for verb in ("INFO", "CREATE", "UPDATE", "DELETE", "PURGE", "MSG.GET")),
+             f"{api}.DIRECT.GET.{stream}", f"{api}.DIRECT.GET.{stream}.>",
+             f"{api}.CONSUMER.CREATE.{stream}", f"{api}.CONSUMER.CREATE.{stream}.>",
+             f"{api}.CONSUMER.DELETE.{stream}.>", f"{api}.CONSUMER.INFO.{stream}.>",
+             f"$KV.{subjects.kv_bucket}.>"),
         sub=(f"{subjects.prefix}.>", "_INBOX.>"))
 
 
