@@ -677,3 +677,26 @@ def test_f2_the_masters_own_user_reaches_only_its_own_bucket(server: Server) -> 
             assert (await victim.load())[0] == b'{"theirs": 1}'  # untouched
 
     asyncio.run(go())
+
+
+def test_f4_no_new_key_for_a_rank_whose_worker_is_alive(server: Server, tmp_path: Path) -> None:
+    """Review F4: a re-mint for a live rank silently took it over (the real rank was revoked
+    and the job failed). While the master hears rank 1's worker, a new key for rank 1 is
+    refused with UNAVAILABLE (worker-init asks again with backoff); once the worker counts as
+    lost or replaced, the same request is granted and the predecessor is locked out."""
+    async def go() -> None:
+        async with master(server, "job-f4") as (svc, _):
+            old, _ = await worker(svc, "job-f4", 1, tmp_path)
+            heard: dict[int, float | None] = {1: 0.4}
+            svc.alive = heard.get  # the master's view: rank 1 heard 0.4 s ago
+            cfg = init_config(svc, "job-f4", "1", tmp_path)
+            with pytest.raises(InitError, match="UNAVAILABLE.*rank 1 is alive") as err:
+                await asyncio.get_running_loop().run_in_executor(None, fetch, cfg)
+            assert not err.value.refused  # a "not now", asked again, not a final no
+            assert old.nc.is_connected and not old.closed.is_set()
+            await worker(svc, "job-f4", 0, tmp_path)  # a rank with no live worker: granted
+            heard[1] = None  # lost or being replaced
+            await worker(svc, "job-f4", 1, tmp_path)
+            await asyncio.wait_for(old.closed.wait(), 10)  # the predecessor is out
+
+    asyncio.run(go())

@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,9 @@ class CredsService:
         # Kubernetes: where each rank's pod runs, resolved from the address of its credential
         # exchange (placement.PodsByAddress); the master trusts it, not the heartbeats
         self.placement: Any = None
+        # seconds since rank R's worker was last heard while it counts as alive, else None
+        # (the master's view, set by the runtime): no new key for a live rank (review F4)
+        self.alive: Callable[[int], float | None] | None = None
         self._sys: Any = None
 
     # -- the master's own NATS user ----------------------------------------------------------
@@ -195,7 +199,7 @@ class CredsService:
 
     # -- requests ----------------------------------------------------------------------------
     def sync(self, req: iss.Request) -> iss.Grant:
-        grant, stale = self.issuer.sync(req, now=time.time())
+        grant, stale = self.issuer.sync(req, now=time.time(), alive=self.alive)
         if req.worker.isdigit():  # a successor: its evicted predecessor goes now
             stale = stale + self._evicted.pop(int(req.worker), [])
         if stale:

@@ -119,6 +119,8 @@ class Master:
                  security: CredsService | None = None, nodes: Any = None,
                  placement: Placement | None = None) -> None:
         self.cfg = cfg
+        if security is not None:  # no new key for a rank whose worker is alive (F4)
+            security.alive = self._alive_for
         # where each rank really runs (placement.py): heartbeats only claim it (review F1)
         self.placement = placement or (security.placement if security is not None else None)
         self._foreign_said: set[int] = set()
@@ -451,6 +453,18 @@ class Master:
         except m.MalformedEvent as exc:
             self.stats["invalid"] += 1
             log.warning("dropped a malformed event: %s", exc)
+
+    def _alive_for(self, rank: int) -> float | None:
+        """Seconds since rank ``rank``'s current worker was heard, if it still counts as alive
+        (known, not being replaced, heard within the lost timeout); else None."""
+        if not 0 <= rank < len(self.status.workers):
+            return None
+        pod = self.status.workers[rank]
+        heard = self.last_seen.get(rank)
+        if pod.incarnation is None or pod.restarting or heard is None:
+            return None
+        age = time.monotonic() - heard
+        return age if age < self.cfg.lost_timeout else None
 
     def _dropped(self, kind: str, what: str) -> None:
         """Count a dropped message; say so for the 1st, 2nd, 4th, 8th… of its kind only (a

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import nkeys
@@ -37,6 +38,7 @@ class Code(enum.Enum):
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
     FAILED_PRECONDITION = "FAILED_PRECONDITION"
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    UNAVAILABLE = "UNAVAILABLE"  # not now: ask again later (worker-init retries it)
 
 
 #: new keys one rank may register within one JWT lifetime: every restart of a pod is one, and
@@ -140,9 +142,13 @@ class Issuer:
         self.subjects = p.Subjects(self.namespace, self.job)
 
     # -- requests -----------------------------------------------------------------------------
-    def sync(self, req: Request, *, now: float) -> tuple[Grant, list[str]]:
+    def sync(self, req: Request, *, now: float,
+             alive: Callable[[int], float | None] | None = None) -> tuple[Grant, list[str]]:
         """Serve SyncWorkerCreds: the grant and the keys to revoke now (the rank's older ones).
-        Raises Refused."""
+        ``alive(rank)``: seconds since the rank's current worker was last heard while it still
+        counts as alive, else None; a new key for a live rank is refused (UNAVAILABLE: asked
+        again, it is granted once that worker is lost or replaced), so a stolen token cannot
+        take over a running worker (review F4). Raises Refused."""
         if not hmac.compare_digest(req.token.encode(), self.token.encode()):
             raise Refused(Code.UNAUTHENTICATED, "wrong bootstrap token")
         if (req.job, req.namespace) != (self.job, self.namespace):
@@ -157,6 +163,12 @@ class Issuer:
         if key in self.revoked:
             raise Refused(Code.PERMISSION_DENIED, "this key was revoked")
         known = self.keys.setdefault(rank, [])
+        live_key = any(k not in self.revoked for k in known)
+        heard = alive(rank) if alive is not None and key not in known and live_key else None
+        if heard is not None:
+            raise Refused(Code.UNAVAILABLE,
+                          f"rank {rank} is alive (heard {heard:.1f} s ago): a new key for it is "
+                          "granted only once that worker is lost or replaced")
         if key not in known:
             recent = [t for t in self.registered.get(rank, []) if now - t < self.lifetime]
             if len(recent) >= MAX_NEW_KEYS_PER_RANK:
