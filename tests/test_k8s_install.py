@@ -51,6 +51,18 @@ def test_install_renders_rbac_checks_and_nats_that_validate() -> None:
     assert [d["kind"] for d in manifests(InstallOptions(nats=False))][-1] == "WorkflowTemplate"
 
 
+def test_the_installed_nats_opens_no_monitoring_port() -> None:
+    """Review: nats-server's monitoring port (8222: /varz, /connz, /subsz) answered anyone in
+    the pod network without authentication. The installed server opens the client port only,
+    and its readiness is that port accepting connections."""
+    nats = by_kind(DOCS, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
+    assert not any(a in ("-m", "--http_port", "-ms", "--https_port") for a in nats["args"])
+    assert nats["ports"] == [{"name": "client", "containerPort": 4222}]
+    assert nats["readinessProbe"] == {"tcpSocket": {"port": "client"}, "periodSeconds": 5}
+    service = named("Service", "aegis-nats")
+    assert [p["port"] for p in service["spec"]["ports"]] == [4222]
+
+
 def named(kind: str, name: str) -> dict[str, Any]:
     return next(d for d in DOCS if d["kind"] == kind and d["metadata"]["name"] == name)
 

@@ -32,7 +32,6 @@ from aegis_flow.jobspec import DEFAULT_AEGIS_IMAGE
 RBAC = "rbac.authorization.k8s.io"
 NATS_NAME = "aegis-nats"
 NATS_PORT = 4222
-NATS_MONITOR_PORT = 8222
 
 
 @dataclass(frozen=True)
@@ -101,15 +100,15 @@ def rbac(o: InstallOptions) -> list[dict[str, Any]]:
 
 def nats(o: InstallOptions) -> list[dict[str, Any]]:
     labels = {"app.kubernetes.io/name": NATS_NAME, "app.kubernetes.io/part-of": "aegis-flow"}
+    # No monitoring port: nats-server's /varz, /connz and /subsz answer anyone in the pod
+    # network without authentication (review: port 8222 was open). Readiness is the client
+    # port accepting connections.
     container = {
         "name": "nats", "image": o.nats_image,
         "args": ["--config", "/etc/aegis/auth/nats.conf", "--jetstream",
-                 "--store_dir", "/data", "--port", str(NATS_PORT),
-                 "--http_port", str(NATS_MONITOR_PORT)],
-        "ports": [{"name": "client", "containerPort": NATS_PORT},
-                  {"name": "monitor", "containerPort": NATS_MONITOR_PORT}],
-        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "monitor"},
-                           "periodSeconds": 5},
+                 "--store_dir", "/data", "--port", str(NATS_PORT)],
+        "ports": [{"name": "client", "containerPort": NATS_PORT}],
+        "readinessProbe": {"tcpSocket": {"port": "client"}, "periodSeconds": 5},
         "volumeMounts": [{"name": "auth", "mountPath": "/etc/aegis/auth", "readOnly": True},
                          {"name": "data", "mountPath": "/data"}],
         "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}},
