@@ -32,6 +32,9 @@ def render(raw: bytes) -> str:
         lines.append(
             f"{pod.rank:>4}  {pod.phase.value:<16} {pod.retries:>7}  {rank_state(pod):<12} "
             f"{pod.node or '-':<18} {pod.last_reason or '-'}")
+    if status.recover_count:
+        lines.append("(retries: the failures each rank is charged with; a recovery brings every "
+                     "rank to recoverCount, so a healthy rank shows it too: docs/recovery.md)")
     events = doc.get("events") or []
     if events:
         lines += ["", "last events:"] + [f"  {e}" for e in events[-10:]]
