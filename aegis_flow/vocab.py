@@ -77,7 +77,7 @@ class FaultClass(enum.Enum):
     TRANSIENT = "transient"  # L1: restart the process in place
     CONTAINER = "container"  # L2: restart the container
     HARDWARE = "hardware"  # L3: quarantine the node, reschedule
-    SLOW = "slow"  # mark only; evict at the next checkpoint
+    SLOW = "slow"  # mark only (eviction at the next checkpoint is not built yet)
 
 
 #: escalation order of the fault classes (slow is a mark, never escalated to)
@@ -104,8 +104,8 @@ LEVEL_OF = {FaultClass.TRANSIENT: Level.L1, FaultClass.CONTAINER: Level.L2,
             FaultClass.HARDWARE: Level.L3, FaultClass.SLOW: Level.MARK}
 RECOVERY = {Level.L1: "restart the process in place", Level.L2: "restart the container (worker)",
             Level.L3: "quarantine the node, reschedule elsewhere",
-            Level.MARK: "mark the node slow; evict it at the next checkpoint; never schedule "
-                        "there again"}
+            Level.MARK: "mark the rank slow (logged and counted; the job runs on: evicting it "
+                        "at the next checkpoint is not built yet)"}
 
 
 def passes(fault: FaultClass | None, *, troubleshooting: bool) -> bool:
