@@ -42,6 +42,8 @@ def _is_ip(text: str) -> bool:
     return True
 
 
+DEFAULT_GRPC_TLS_SECRET = "aegis-grpc-tls"  # made by aegis-flow install --create-secrets
+
 class JobSpecError(ValueError):
     """A job spec that cannot be rendered; the message says what to change."""
 
@@ -141,10 +143,14 @@ class JobSpec(BaseModel):
     # with it (aegis_flow/k8s/token.py); a name: that Secret, shared by every job using it
     bootstrap_secret: str = ""
     auth_secret: str = "aegis-auth"  # Secret: the master's NATS auth dir (nats.conf, seeds)
-    # TLS for SyncWorkerCreds (empty: plaintext gRPC inside the cluster network). A Secret with
-    # tls.crt + tls.key (the master's certificate) and ca.crt (the CA that signed it; workers
-    # verify the master with it, and with mutual TLS the master verifies workers with it too)
-    grpc_tls_secret: str = ""
+    # TLS for SyncWorkerCreds, on by default: a Secret with tls.crt + tls.key (the master's
+    # certificate, for tls_server_name) and ca.crt (the CA that signed it; workers verify the
+    # master with it, and with mutual TLS the master verifies workers with it too).
+    # `aegis-flow install --create-secrets` makes the default one, aegis-grpc-tls.
+    grpc_tls_secret: str = DEFAULT_GRPC_TLS_SECRET
+    # plaintext gRPC: the bootstrap token and the JWTs cross the pod network in the clear
+    # (review F4); only when asked for by name
+    grpc_plaintext: bool = False
     # mutual TLS: a Secret with tls.crt + tls.key, the client certificate every worker-init
     # shows, signed by the CA in grpc_tls_secret's ca.crt (needs grpc_tls_secret)
     grpc_tls_client_secret: str = ""
@@ -313,12 +319,22 @@ class JobSpec(BaseModel):
 
     @model_validator(mode="after")
     def _tls_needs_a_secret(self) -> JobSpec:
-        if self.grpc_tls_client_secret and not self.grpc_tls_secret:
+        if not self.grpc_tls_secret and not self.grpc_plaintext:
+            raise ValueError(
+                "grpc_tls_secret is empty: the credential exchange would send the bootstrap "
+                "token in the clear; give the Secret with the master's certificate "
+                f"(aegis-flow install --create-secrets makes {DEFAULT_GRPC_TLS_SECRET!r}), or "
+                "ask for plaintext by name: grpc_plaintext: true (--grpc-plaintext)")
+        if self.grpc_plaintext and self.grpc_tls_client_secret:
+            raise ValueError(
+                f"grpc_tls_client_secret ({self.grpc_tls_client_secret!r}) is mutual TLS, and "
+                "grpc_plaintext turns TLS off: drop one")
+        if self.grpc_tls_client_secret and not self.grpc_tls:
             raise ValueError(
                 f"grpc_tls_client_secret ({self.grpc_tls_client_secret!r}) turns on mutual TLS, "
                 "which needs grpc_tls_secret too: the Secret with the master's tls.crt, tls.key "
                 "and the ca.crt that signed both certificates (--grpc-tls-secret NAME)")
-        if self.grpc_tls_server_name and not self.grpc_tls_secret:
+        if self.grpc_tls_server_name and not self.grpc_tls:
             raise ValueError(
                 f"grpc_tls_server_name ({self.grpc_tls_server_name!r}) has no effect without "
                 "grpc_tls_secret: give the Secret with the master's certificate "
@@ -343,8 +359,8 @@ class JobSpec(BaseModel):
 
     @property
     def grpc_tls(self) -> bool:
-        """SyncWorkerCreds over TLS (``grpc_tls_secret`` set)."""
-        return bool(self.grpc_tls_secret)
+        """SyncWorkerCreds over TLS (the default; off only with ``grpc_plaintext``)."""
+        return bool(self.grpc_tls_secret) and not self.grpc_plaintext
 
     @property
     def grpc_mutual_tls(self) -> bool:

@@ -62,6 +62,13 @@ def secrets(tmp: Path) -> Path:
         (out / "aegis-auth" / name).write_bytes((tmp / "auth" / name).read_bytes())
     (out / "aegis-bootstrap").mkdir()
     (out / "aegis-bootstrap" / "token").write_text("scenario-token-0123456789abcdef")
+    # the credential exchange is TLS by default: the CA and the master's certificate that
+    # install --create-secrets makes (security/tls.py)
+    from aegis_flow.security import tls
+
+    (out / "aegis-grpc-tls").mkdir()
+    for name, text in tls.ensure(tmp / "grpc-tls", "aegis-master.default.svc").items():
+        (out / "aegis-grpc-tls" / name).write_text(text)
     return out
 
 
@@ -156,6 +163,8 @@ def test_a_clean_run_of_two_ranks(tmp_path: Path) -> None:
     assert r.node("bootstrap-token")["phase"] == "Succeeded"  # this workflow's own token
     assert [p["displayName"] for p in pods_of(r, "master(")] == ["master(0)"]
     assert "T2: every check passed; run" in master_log(tmp_path)
+    # the credential exchange ran over TLS (the default), checked for the master's name
+    assert "credentials: gRPC on port 50051 (TLS)" in master_log(tmp_path)
     assert labelled(r) == set()
 
 

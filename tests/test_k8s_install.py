@@ -132,6 +132,19 @@ def test_install_create_secrets_renders_both_secrets_from_fresh_keys(
                  "-o", str(out)]) == 0
     again = list(yaml.safe_load_all(out.read_text()))
     assert next(d for d in again if d["metadata"]["name"] == "aegis-bootstrap") == boot
+    # the credential exchange's TLS Secret: the CA and the master's certificate for the name
+    # workers check (its CA key stays in the directory), kept by a second install too
+    from cryptography import x509
+
+    tls = next(d for d in docs if d["metadata"]["name"] == "aegis-grpc-tls")
+    assert set(tls["data"]) == {"ca.crt", "tls.crt", "tls.key"}
+    assert tls == next(d for d in again if d["metadata"]["name"] == "aegis-grpc-tls")
+    ca = x509.load_pem_x509_certificate(base64.b64decode(tls["data"]["ca.crt"]))
+    leaf = x509.load_pem_x509_certificate(base64.b64decode(tls["data"]["tls.crt"]))
+    leaf.verify_directly_issued_by(ca)
+    sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["aegis-master.ml.svc"]
+    assert (keys / "grpc-tls" / "grpc-ca.key").stat().st_mode & 0o777 == 0o600
     # and what it renders satisfies submit's check of a rendered workflow
     cluster = FakeNodeApi(secrets={("ml", d["metadata"]["name"]): d["data"] for d in docs
                                    if d["kind"] == "Secret"},

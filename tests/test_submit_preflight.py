@@ -60,7 +60,12 @@ def test_a_rendered_workflow_needs_two_accounts_and_the_auth_secret() -> None:
     assert got[("ServiceAccount", "aegis-flow-executor")][0] == "executor"
     assert got[("ServiceAccount", "aegis-flow")][0] == "nodes"
     assert got[("Secret", "aegis-auth")] == ("auth", set(AUTH_KEYS))
-    assert {k for k in got if k[0] == "Secret"} == {("Secret", "aegis-auth")}
+    # TLS for the credential exchange by default: the master's certificate and the CA
+    assert got[("Secret", "aegis-grpc-tls")] == ("tls", {"tls.crt", "tls.key", "ca.crt"})
+    assert {k for k in got if k[0] == "Secret"} == {("Secret", "aegis-auth"),
+                                                    ("Secret", "aegis-grpc-tls")}
+    plain = wanted(workflow(grpc_plaintext=True))
+    assert {k for k in plain if k[0] == "Secret"} == {("Secret", "aegis-auth")}
     shared = wanted(workflow(bootstrap_secret="aegis-bootstrap"))
     assert shared[("Secret", "aegis-bootstrap")] == ("bootstrap", {"token"})
 
@@ -78,14 +83,17 @@ def test_the_fake_names_each_missing_object_with_its_command() -> None:
         ("ServiceAccount", "aegis-flow", "missing"),
         ("ServiceAccount", "aegis-flow-executor", "missing"),
         ("ServiceAccount", "aegis-flow-setup", "missing"),
-        ("Secret", "aegis-auth", "missing"), ("Secret", "job-token", "missing")}
+        ("Secret", "aegis-auth", "missing"), ("Secret", "job-token", "missing"),
+        ("Secret", "aegis-grpc-tls", "missing")}
     text = "\n".join(report(NS, found))
     assert "aegis-flow install --namespace ml -o aegis.yaml && kubectl apply -f aegis.yaml" in text
     assert "aegis-flow nats-bootstrap aegis-auth" in text
     assert "kubectl -n ml create secret generic job-token --from-literal=token=" in text
+    assert "aegis-flow install --namespace ml --create-secrets DIR makes aegis-grpc-tls" in text
     # all there, one key short
     cluster = FakeNodeApi(secrets={(NS, "aegis-auth"): set(AUTH_KEYS) - {"nats.conf"},
-                                   (NS, "job-token"): {"token"}},
+                                   (NS, "job-token"): {"token"},
+                                   (NS, "aegis-grpc-tls"): {"tls.crt", "tls.key", "ca.crt"}},
                           service_accounts=[(NS, "aegis-flow"), (NS, "aegis-flow-executor"),
                                             (NS, "aegis-flow-setup")])
     (only,) = missing(cluster, NS, needs(doc))
@@ -106,7 +114,8 @@ class Cluster:
             self.api.objects[("serviceaccounts", NS, sa)] = {
                 "apiVersion": "v1", "kind": "ServiceAccount",
                 "metadata": {"name": sa, "namespace": NS}}
-        for name, keys in (("aegis-auth", AUTH_KEYS), ("aegis-bootstrap", ("token",))):
+        for name, keys in (("aegis-auth", AUTH_KEYS), ("aegis-bootstrap", ("token",)),
+                           ("aegis-grpc-tls", ("tls.crt", "tls.key", "ca.crt"))):
             if any(s["metadata"]["name"] == name for s in self.store.items("secrets", NS)):
                 self.store.delete("secrets", NS, name)
             self.store.create("secrets", NS, {

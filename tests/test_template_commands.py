@@ -29,6 +29,10 @@ T = {t["name"]: t for t in WF["spec"]["templates"]}
 WF_TLS = render(JobSpec(image="img", command=("python", "train.py"), workers=4,
                         grpc_tls_secret="grpc-tls", grpc_tls_client_secret="grpc-client"))
 T_TLS = {t["name"]: t for t in WF_TLS["spec"]["templates"]}
+# plaintext gRPC, asked for by name (the default is TLS with the Secret aegis-grpc-tls)
+WF_PLAIN = render(JobSpec(image="img", command=("python", "train.py"), workers=4,
+                          grpc_plaintext=True))
+T_PLAIN = {t["name"]: t for t in WF_PLAIN["spec"]["templates"]}
 
 
 def fill(argv: list[str]) -> list[str]:
@@ -73,9 +77,13 @@ def test_worker_init_tls_flags_parse_with_worker_init() -> None:
                                              "aegis-master.default.svc")
     assert (a.tls_cert, a.tls_key) == ("/var/run/aegis/grpc-tls-client/tls.crt",
                                        "/var/run/aegis/grpc-tls-client/tls.key")
-    plain = {i["name"]: i for i in T["worker"]["initContainers"]}["aegis-worker-init"]
+    plain = {i["name"]: i for i in T_PLAIN["worker"]["initContainers"]}["aegis-worker-init"]
     b = build_parser().parse_args(fill(plain["command"] + plain["args"])[2:])
     assert (b.tls_ca, b.tls_cert, b.tls_key, b.tls_server_name) == ("", "", "", "")
+    default = {i["name"]: i for i in T["worker"]["initContainers"]}["aegis-worker-init"]
+    c = build_parser().parse_args(fill(default["command"] + default["args"])[2:])
+    assert (c.tls_ca, c.tls_cert, c.tls_server_name) == (
+        "/var/run/aegis/grpc-tls/ca.crt", "", "aegis-master.default.svc")  # TLS by default
 
 
 def test_the_quarantine_step_parses_with_aegis_flow() -> None:
@@ -105,8 +113,9 @@ def run_master_main(c: dict[str, Any], tmp_path: Path,
     seen: dict[str, Any] = {}
 
     class Capture:
-        def __init__(self, cfg: Any, *, security: Any = None, nodes: Any = None) -> None:
-            seen.update(cfg=cfg, security=security, nodes=nodes)
+        def __init__(self, cfg: Any, *, security: Any = None, nodes: Any = None,
+                     placement: Any = None) -> None:
+            seen.update(cfg=cfg, security=security, nodes=nodes, placement=placement)
 
         async def run(self) -> int:
             return 0
@@ -126,8 +135,11 @@ def test_the_master_tls_flags_configure_its_grpc_server(
     assert (cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca) == (
         "/var/run/aegis/grpc-tls/tls.crt", "/var/run/aegis/grpc-tls/tls.key",
         "/var/run/aegis/grpc-tls/ca.crt")
-    plain = run_master_main(T["master"]["container"], tmp_path / "plain", monkeypatch)
+    plain = run_master_main(T_PLAIN["master"]["container"], tmp_path / "plain", monkeypatch)
     assert (plain["security"].cfg.tls_cert, plain["security"].cfg.tls_client_ca) == ("", "")
+    default = run_master_main(T["master"]["container"], tmp_path / "default", monkeypatch)
+    assert (default["security"].cfg.tls_cert, default["security"].cfg.tls_client_ca) == (
+        "/var/run/aegis/grpc-tls/tls.crt", "")  # TLS by default, not mutual
 
 
 def test_the_master_command_parses_and_configures_the_master(
@@ -141,6 +153,11 @@ def test_the_master_command_parses_and_configures_the_master(
     assert probe == {"path": "/readyz", "port": cfg.metrics_port}
     assert isinstance(seen["nodes"], FakeNodeApi)  # --quarantine-nodes: the kubernetes client
     security = seen["security"]  # --auth-dir: it serves SyncWorkerCreds, where workers dial
+    from aegis_flow.master.placement import PodsByAddress
+
+    # where ranks run: from the pod behind each credential exchange, not from heartbeats (F1)
+    assert isinstance(seen["placement"], PodsByAddress)
+    assert security.placement is seen["placement"]
     assert security.cfg.grpc_listen == "0.0.0.0:50051"
     assert security.cfg.token == "t" * 32  # from the Secret, through the environment
     # workers get the cluster NATS in their credentials, as the master itself dials it

@@ -49,8 +49,13 @@ def test_worker_pods_get_the_bundle_and_credentials_from_init_containers() -> No
                      "--token-file": "/var/run/aegis/bootstrap/token", "--out": "/aegis/creds",
                      # 900 s connect timeout / (10 s deadline + 4 s backoff): as long as the
                      # master waits for the ranks
-                     "--deadline": "10", "--retries": "65"}
+                     "--deadline": "10", "--retries": "65",
+                     # TLS by default: the CA of the Secret aegis-grpc-tls, the master's name
+                     "--tls-ca": "/var/run/aegis/grpc-tls/ca.crt",
+                     "--tls-server-name": "aegis-master.default.svc"}
     vols = {v["name"]: v for v in w["volumes"]}
+    assert vols["grpc-tls"]["secret"] == {"secretName": "aegis-grpc-tls", "defaultMode": 0o440,
+                                          "items": [{"key": "ca.crt", "path": "ca.crt"}]}
     assert vols["aegis"] == {"name": "aegis", "emptyDir": {}}
     assert vols["bootstrap-token"]["secret"]["secretName"] == "{{workflow.name}}-bootstrap"
     assert {"name": "aegis", "mountPath": "/aegis"} in w["container"]["volumeMounts"]

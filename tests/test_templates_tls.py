@@ -64,12 +64,25 @@ def worker_init(t: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return init
 
 
-def test_default_rendering_has_no_tls() -> None:
+def test_tls_is_the_default_and_plaintext_is_asked_for_by_name() -> None:
+    """Review F4: the credential exchange was plaintext unless configured. Now the default
+    serves it over TLS with the Secret aegis-grpc-tls (install --create-secrets makes it);
+    plaintext needs grpc_plaintext, and an empty Secret name alone is an error."""
     t = templates(JobSpec.parse(BASE))
-    for argv in (t["master"]["container"]["args"], worker_init(t)["args"]):
+    assert flags(t["master"]["container"]["args"])["--tls-cert"] == \
+        "/var/run/aegis/grpc-tls/tls.crt"
+    assert flags(worker_init(t)["args"])["--tls-ca"] == "/var/run/aegis/grpc-tls/ca.crt"
+    secrets = {v["secret"]["secretName"] for v in t["master"]["volumes"] + t["worker"]["volumes"]
+               if "secret" in v}
+    assert "aegis-grpc-tls" in secrets
+    plain = templates(JobSpec.parse({**BASE, "grpc_plaintext": True}))
+    for argv in (plain["master"]["container"]["args"], worker_init(plain)["args"]):
         assert not [a for a in argv if a.startswith("--tls")]
-    names = {v["name"] for v in t["master"]["volumes"] + t["worker"]["volumes"]}
+    names = {v["name"] for v in plain["master"]["volumes"] + plain["worker"]["volumes"]}
     assert not {n for n in names if "tls" in n}
+    with pytest.raises(JobSpecError, match="grpc_tls_secret is empty: the credential exchange "
+                       "would send the bootstrap token in the clear"):
+        JobSpec.parse({**BASE, "grpc_tls_secret": ""})
 
 
 def test_tls_master_mounts_its_certificate_and_serves_with_it() -> None:
@@ -119,9 +132,9 @@ def test_a_given_server_name_is_what_workers_check() -> None:
 
 
 @pytest.mark.parametrize(("fields", "says"), [
-    ({**BASE, "grpc_tls_client_secret": "aegis-grpc-client"},
-     "turns on mutual TLS, which needs grpc_tls_secret too"),
-    ({**BASE, "grpc_tls_server_name": "aegis-master.training.svc"},
+    ({**BASE, "grpc_plaintext": True, "grpc_tls_client_secret": "aegis-grpc-client"},
+     "is mutual TLS, and grpc_plaintext turns TLS off: drop one"),
+    ({**BASE, "grpc_plaintext": True, "grpc_tls_server_name": "aegis-master.training.svc"},
      "has no effect without grpc_tls_secret"),
     ({**TLS, "grpc_tls_server_name": "10.0.0.5"}, "an IP address cannot be used"),
     ({**TLS, "grpc_tls_server_name": "Master_Name"}, "is not a DNS name"),
@@ -151,10 +164,10 @@ def test_cli_flags_and_job_files_set_tls(tmp_path: Path) -> None:
 
 def test_cli_mutual_tls_without_a_tls_secret_is_a_clear_error(
         capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["render", "--image", "IMG", "--grpc-tls-client-secret", "c", "--",
-                     "python", "train.py"]) == 2
+    assert cli.main(["render", "--image", "IMG", "--grpc-plaintext",
+                     "--grpc-tls-client-secret", "c", "--", "python", "train.py"]) == 2
     err = capsys.readouterr().err
-    assert "invalid job" in err and "--grpc-tls-secret NAME" in err
+    assert "invalid job" in err and "grpc_plaintext turns TLS off" in err
     assert "Traceback" not in err
 
 

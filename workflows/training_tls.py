@@ -1,9 +1,10 @@
 """Example: the credential exchange over mutual TLS (a 2-worker job, external NATS).
 
-The master's certificate (Secret ``aegis-grpc-tls``: tls.crt, tls.key, ca.crt) carries the DNS
-name ``aegis-master.training.svc``; workers dial the master's pod IP and check that name. The
-workers' client certificate is in Secret ``aegis-grpc-client``. Both can come from one
-cert-manager Issuer.
+Every rendered workflow serves the credential exchange over TLS (the master's certificate in
+Secret ``aegis-grpc-tls``: tls.crt, tls.key, ca.crt, for the DNS name
+``aegis-master.training.svc``, which workers check whatever address they dial). This one adds
+the workers' client certificate (Secret ``aegis-grpc-client``), so the master checks them too.
+Both can come from one cert-manager Issuer.
 
 PURE: ``build()`` returns Hera objects; ``python -m aegis_flow.templates.golden --write``
 renders them into ``training_tls.yaml`` beside this file.

@@ -189,7 +189,10 @@ def _secret_docs(opts: Any, directory: Path) -> list[dict[str, Any]]:
         write_token(token_file, new_token())
     token = read_token(path=str(token_file))
     files = {k: (directory / k).read_text() for k in AUTH_KEYS}
-    return secrets(opts, auth_files=files, token=token)
+    from aegis_flow.security import tls
+
+    tls_files = tls.ensure(directory / "grpc-tls", opts.grpc_server_name)
+    return secrets(opts, auth_files=files, token=token, tls_files=tls_files)
 
 
 def handle_install(args: argparse.Namespace) -> int:
@@ -226,19 +229,23 @@ def handle_install(args: argparse.Namespace) -> int:
         os.fchmod(fd, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
-        print(f"wrote {args.output} ({len(docs)} objects, with the Secrets {opts.auth_secret} "
-              f"and {opts.bootstrap_secret}: mode 0600, keep it private)", file=sys.stderr)
+        print(f"wrote {args.output} ({len(docs)} objects, with the Secrets {opts.auth_secret}, "
+              f"{opts.bootstrap_secret} and {opts.grpc_tls_secret}: mode 0600, keep it "
+              "private)", file=sys.stderr)
     else:
         Path(args.output).write_text(text)
         print(f"wrote {args.output} ({len(docs)} objects)", file=sys.stderr)
     if not secret_docs:
         from aegis_flow.k8s.preflight import auth_secret_commands, bootstrap_secret_command
 
-        print(f"not rendered: the Secrets {opts.auth_secret} and {opts.bootstrap_secret}; jobs' "
-              "pods never start without them. Create them once (or install with "
-              "--create-secrets DIR):",
+        print(f"not rendered: the Secrets {opts.auth_secret}, {opts.bootstrap_secret} and "
+              f"{opts.grpc_tls_secret}; jobs' pods never start without them. Create them once "
+              "(or install with --create-secrets DIR):",
               *auth_secret_commands(opts.namespace, opts.auth_secret),
               bootstrap_secret_command(opts.namespace, opts.bootstrap_secret),
+              f"kubectl -n {opts.namespace} create secret generic {opts.grpc_tls_secret} "
+              "--from-file=ca.crt=PATH --from-file=tls.crt=PATH --from-file=tls.key=PATH   "
+              f"# a certificate for {opts.grpc_server_name}, signed by ca.crt",
               sep="\n  ", file=sys.stderr)
     if opts.nats:
         print(f"jobs in {opts.namespace}: aegis-flow render --namespace {opts.namespace} "

@@ -45,6 +45,12 @@ class InstallOptions:
     nats_storage: str = "1Gi"
     auth_secret: str = "aegis-auth"
     bootstrap_secret: str = "aegis-bootstrap"
+    grpc_tls_secret: str = "aegis-grpc-tls"
+
+    @property
+    def grpc_server_name(self) -> str:
+        """The name in the master's certificate (``JobSpec.tls_server_name``'s default)."""
+        return f"aegis-master.{self.namespace}.svc"
 
     @property
     def nats_url(self) -> str:
@@ -131,11 +137,12 @@ def nats(o: InstallOptions) -> list[dict[str, Any]]:
     ]
 
 
-def secrets(o: InstallOptions, *, auth_files: Mapping[str, str], token: str
-            ) -> list[dict[str, Any]]:
+def secrets(o: InstallOptions, *, auth_files: Mapping[str, str], token: str,
+            tls_files: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """The ``aegis-auth`` Secret (``auth_files``: file name -> text, the master's files and
-    ``nats.conf``) and the ``aegis-bootstrap`` Secret (key ``token``). Opaque, ``data``
-    base64-encoded as the API server stores it."""
+    ``nats.conf``), the ``aegis-bootstrap`` Secret (key ``token``) and, with ``tls_files``,
+    the ``aegis-grpc-tls`` Secret (``ca.crt``, ``tls.crt``, ``tls.key``: security/tls.py).
+    Opaque, ``data`` base64-encoded as the API server stores it."""
     def b64(text: str) -> str:
         return base64.b64encode(text.encode()).decode()
 
@@ -145,6 +152,9 @@ def secrets(o: InstallOptions, *, auth_files: Mapping[str, str], token: str
         {"apiVersion": "v1", "kind": "Secret",
          "metadata": _meta(o.bootstrap_secret, o.namespace),
          "type": "Opaque", "data": {"token": b64(token)}},
+        *([{"apiVersion": "v1", "kind": "Secret",
+            "metadata": _meta(o.grpc_tls_secret, o.namespace), "type": "Opaque",
+            "data": {k: b64(v) for k, v in sorted(tls_files.items())}}] if tls_files else []),
     ]
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from aegis_flow.jobspec import DEFAULT_GRPC_TLS_SECRET
 from aegis_flow.k8s.api import NodeApiError, ObjectApi, ObjectNotFound
 from aegis_flow.security.cli import MASTER_FILES
 
@@ -156,9 +157,12 @@ def fix(need: Need, namespace: str, all_needs: list[Need]) -> tuple[str, ...]:
         return (bootstrap_secret_command(namespace, need.name),)
     keys = sorted(need.keys) or ["KEY"]
     if need.role == "tls":
-        return (f"kubectl -n {namespace} create secret generic {need.name} "
+        made = ((f"aegis-flow install --namespace {namespace} --create-secrets DIR makes "
+                 f"{need.name} (a CA and the master's certificate), or:",)
+                if need.name == DEFAULT_GRPC_TLS_SECRET else ())
+        return (*made, f"kubectl -n {namespace} create secret generic {need.name} "
                 + " ".join(f"--from-file={k}=PATH" for k in keys)
-                + "   # or a cert-manager Certificate with secretName " + need.name,)
+                + "   # or a cert-manager Certificate with secretName " + need.name)
     return (f"kubectl -n {namespace} create secret generic {need.name} "
             + " ".join(f"--from-file={k}=PATH" for k in keys),)
 

@@ -105,8 +105,13 @@ def _job_flags(r: Any) -> None:
                    help="the training image has aegis-flow installed: no bundle init container")
     r.add_argument("--metrics-port", type=port, help="the master's /metrics and /readyz port")
     r.add_argument("--grpc-tls-secret", metavar="SECRET",
-                   help="serve the credential exchange (gRPC) over TLS: a Secret with the "
-                   "master's tls.crt and tls.key and the ca.crt that signed them")
+                   help="the Secret with the master's tls.crt and tls.key and the ca.crt that "
+                   "signed them, for the credential exchange (gRPC) over TLS (default "
+                   "aegis-grpc-tls)")
+    r.add_argument("--grpc-plaintext", action="store_true", default=None,
+                   help="serve the credential exchange WITHOUT TLS: the bootstrap token and the "
+                   "JWTs cross the pod network in the clear (default: TLS with the Secret "
+                   "aegis-grpc-tls, made by aegis-flow install --create-secrets)")
     r.add_argument("--grpc-tls-client-secret", metavar="SECRET",
                    help="mutual TLS: a Secret with the workers' client tls.crt and tls.key, "
                    "signed by that ca.crt (needs --grpc-tls-secret)")
@@ -126,7 +131,7 @@ def _spec_from_args(args: argparse.Namespace) -> Any:
     for key in ("name", "image", "workers", "gpus_per_worker", "max_retry", "namespace",
                 "service_account", "executor_service_account", "nats_url", "aegis_image",
                 "python", "inject_supervisor",
-                "metrics_port", "grpc_tls_secret", "grpc_tls_client_secret",
+                "metrics_port", "grpc_tls_secret", "grpc_plaintext", "grpc_tls_client_secret",
                 "grpc_tls_server_name", "bootstrap_secret", "checkpoint_claim",
                 "checkpoint_dir", "connect_timeout", "replace_timeout"):
         value = getattr(args, key)
