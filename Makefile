@@ -24,6 +24,8 @@ $(DEMO_STAMP): pyproject.toml Makefile
 $(STAMP): $(DEMO_STAMP)
 	@echo "make: installing the test and cluster extras (pytest, ruff, mypy, hera, kubernetes)"
 	$(BIN)/pip install -q -e ".[dev,torch,k8s,report,gpu]" "$(TORCH_PIN)"
+	@echo "make: fetching nats-server 2.10 (the cluster image's) for the security tests"
+	$(BIN)/python tests/tools/fetch_nats_210.py $(VENV)/nats-2.10
 	touch $(STAMP)
 
 demo: $(DEMO_STAMP)

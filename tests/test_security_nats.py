@@ -48,6 +48,31 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield Server(srv.url, auth)
 
 
+NATS_210 = Path(__file__).resolve().parent.parent / ".venv" / "nats-2.10" / "nats-server"
+
+
+@pytest.fixture(scope="module")
+def server_210(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """nats-server 2.10, the cluster image's server (the review found it accepted a reply-
+    subject attack that 2.15's strict JSON refused by luck); make test fetches it."""
+    if not NATS_210.is_file():
+        pytest.fail(f"no nats-server 2.10 at {NATS_210}: run make test, or "
+                    "python tests/tools/fetch_nats_210.py .venv/nats-2.10")
+    root = tmp_path_factory.mktemp("secure-nats-210")
+    auth = operator.bootstrap(root / "auth")
+    with EmbeddedNats(root / "store", config_file=auth.write_server_config(),
+                      binary=NATS_210) as srv:
+        yield Server(srv.url, auth)
+
+
+@pytest.fixture(params=["2.15", "2.10"])
+def both(request: pytest.FixtureRequest) -> Server:
+    """The same attack against both servers."""
+    name = "server" if request.param == "2.15" else "server_210"
+    served: Server = request.getfixturevalue(name)
+    return served
+
+
 @dataclass
 class Client:
     """A NATS connection that records violations, messages and its closing."""
@@ -543,7 +568,7 @@ def test_a_supervisor_with_expired_credentials_says_so_and_runs_plainly(tmp_path
 # ---------------------------------------------------------------- attacks by a worker (issue 17)
 
 
-def test_f2_a_renewal_answers_only_into_the_askers_own_inbox(server: Server,
+def test_f2_a_renewal_answers_only_into_the_askers_own_inbox(both: Server,
                                                             tmp_path: Path) -> None:
     """Review F2: a worker set its renewal's reply subject to a JetStream API subject and the
     master, with its own rights, purged a status stream. The master now answers only inside
@@ -552,14 +577,14 @@ def test_f2_a_renewal_answers_only_into_the_askers_own_inbox(server: Server,
     async def go() -> None:
         from aegis_flow.master.store import KVStore
 
-        async with master(server, "job-f2") as (svc, m):
+        async with master(both, "job-f2") as (svc, m):
             s = p.Subjects("default", "job-f2")
             store = await KVStore.open(m.nc, s.kv_bucket)
             await store.save(b'{"keep": true}', 0)
             w0, s0 = await worker(svc, "job-f2", 0, tmp_path)
             body = json.dumps({"public_key": s0.creds.public_key, "jwt": s0.creds.jwt}).encode()
             rank1_inbox = f"{s.prefix}.inbox.1.stolen"
-            w1 = await Client().connect(server.url, **svc.connect_options())  # master's rights
+            w1 = await Client().connect(both.url, **svc.connect_options())  # master's rights
             await w1.listen(rank1_inbox)
             for reply in (f"$JS.API.STREAM.PURGE.KV_{s.kv_bucket}", rank1_inbox,
                           f"{s.prefix}.broadcast"):
@@ -653,14 +678,14 @@ def test_f6_a_token_holder_cannot_grow_the_revocation_list_without_bound(
     assert pruned == {"UNEWKEY": int(later)}
 
 
-def test_f2_the_masters_own_user_reaches_only_its_own_bucket(server: Server) -> None:
+def test_f2_the_masters_own_user_reaches_only_its_own_bucket(both: Server) -> None:
     """Defence in depth for F2: the master's NATS user may use the JetStream API of its own
     job's KV bucket only, so even a master tricked into publishing cannot purge, delete or
     read another job's stored status."""
     async def go() -> None:
         from aegis_flow.master.store import KVStore
 
-        async with master(server, "job-own") as (_, mine), master(server, "job-theirs") as (
+        async with master(both, "job-own") as (_, mine), master(both, "job-theirs") as (
                 _, theirs):
             victim = await KVStore.open(theirs.nc, p.Subjects("default", "job-theirs").kv_bucket)
             await victim.save(b'{"theirs": 1}', 0)
