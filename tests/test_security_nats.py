@@ -572,30 +572,39 @@ def test_f2_a_renewal_answers_only_into_the_askers_own_inbox(both: Server,
                                                             tmp_path: Path) -> None:
     """Review F2: a worker set its renewal's reply subject to a JetStream API subject and the
     master, with its own rights, purged a status stream. The master now answers only inside
-    the asking rank's inbox: the purge of its own job's KV, and a reply into another rank's
-    inbox, are ignored (and counted); a proper renewal still works."""
+    the asking rank's inbox: the purge of its own job's KV, another job's stream purge,
+    delete and update, a reply into another rank's inbox and onto the order subject are all
+    ignored (and counted); a proper renewal still works."""
     async def go() -> None:
         from aegis_flow.master.store import KVStore
 
-        async with master(both, "job-f2") as (svc, m):
+        async with master(both, "job-f2") as (svc, m), master(both, "job-f2-other") as (
+                _, other):
             s = p.Subjects("default", "job-f2")
             store = await KVStore.open(m.nc, s.kv_bucket)
             await store.save(b'{"keep": true}', 0)
+            theirs = p.Subjects("default", "job-f2-other").kv_bucket
+            victim = await KVStore.open(other.nc, theirs)
+            await victim.save(b'{"theirs": true}', 0)
             w0, s0 = await worker(svc, "job-f2", 0, tmp_path)
             body = json.dumps({"public_key": s0.creds.public_key, "jwt": s0.creds.jwt}).encode()
             rank1_inbox = f"{s.prefix}.inbox.1.stolen"
             w1 = await Client().connect(both.url, **svc.connect_options())  # master's rights
             await w1.listen(rank1_inbox)
-            for reply in (f"$JS.API.STREAM.PURGE.KV_{s.kv_bucket}", rank1_inbox,
-                          f"{s.prefix}.broadcast"):
+            tricks = (f"$JS.API.STREAM.PURGE.KV_{s.kv_bucket}", rank1_inbox,
+                      f"{s.prefix}.broadcast", f"{s.prefix}.worker.1",
+                      *(f"$JS.API.STREAM.{verb}.KV_{theirs}"
+                        for verb in ("PURGE", "DELETE", "UPDATE")))
+            for reply in tricks:
                 await w0.nc.publish(s0.creds.renew_subject, body, reply=reply)
             await w0.nc.flush()
             deadline = time.monotonic() + 10
-            while svc.foreign_replies < 3:
+            while svc.foreign_replies < len(tricks):
                 assert time.monotonic() < deadline, svc.foreign_replies
                 await asyncio.sleep(0.05)
             assert await store.load() is not None  # not purged
             assert (await store.load())[0] == b'{"keep": true}'  # type: ignore[index]
+            assert (await victim.load())[0] == b'{"theirs": true}'  # type: ignore[index]
             assert w1.got == []  # nothing was sent into rank 1's inbox
             await s0.renew(w0.nc)  # the real thing, into its own inbox
             assert s0.renewals == 1
