@@ -112,7 +112,10 @@ def status_command(a: argparse.Namespace, live: Callable[[argparse.Namespace], i
     job_dir = a.state_dir / a.job
     final = job_dir / "status.json"
 
+    shown: list[Path] = []  # the record files shown, in order (watch: was the last one final?)
+
     def show(path: Path, note: str) -> int:
+        shown.append(path)
         raw = path.read_bytes()
         if a.json:
             try:
@@ -177,16 +180,24 @@ def status_command(a: argparse.Namespace, live: Callable[[argparse.Namespace], i
         print("aegis-flow status: --watch needs a positive number of seconds", file=sys.stderr)
         return 2
     try:
-        while True:
+        def frame() -> tuple[int, bool]:
+            """One look: its exit code, and whether it was live (not a record file)."""
             if sys.stdout.isatty():
                 sys.stdout.write("\x1b[H\x1b[2J")  # redraw in place
             else:
                 print(f"--- {time.strftime('%H:%M:%S')}")
-            rc = once()
+            before = len(shown)
+            code = once()
             sys.stdout.flush()
+            return code, len(shown) == before
+
+        while True:
+            rc, was_live = frame()
             local_run = not a.nats_url and running_pid(job_dir) is not None
             ended = not a.nats_url and (not local_run or (
                 final.exists() and _mtime(final) >= _mtime(job_dir / LOCK_FILE)))
+            if ended and was_live and final.exists():  # it ended after a live look: end on its
+                rc, _ = frame()                    # record, as a plain `status` would show
             if ended or (rc != 0 and not local_run):  # a local run is watched through blips
                 return rc
             time.sleep(a.watch)
