@@ -64,7 +64,8 @@ class Proc(Output):
         try:
             rc = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"still running after {timeout:.1f} s; output:\n"
+            who = f"{self.label} " if self.label else ""
+            raise AssertionError(f"{who}still running after {timeout:.1f} s; output:\n"
                                  f"{self.output}") from None
         self.ended_at = time.monotonic()
         self._reader.join(timeout=10)

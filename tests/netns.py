@@ -33,7 +33,7 @@ from pathlib import Path
 
 from aegis_flow.argo.rehearse.netns import _ip, kill_inside
 from aegis_flow.argo.rehearse.netns import remove_stale as _remove_stale
-from tests.jobs import Output
+from tests.jobs import Proc
 
 PREFIX = "aegis-pt-"
 HUB_ADDR = "198.18.0.1"
@@ -158,9 +158,9 @@ class Network:
                 if line.split() and line.split()[0].startswith(self.tag)]
 
 
-class NsProc(Output):
+class NsProc(Proc):
     """A process started inside a namespace (``ip netns exec``), in its own process group, with
-    its output collected line by line (waitable): ``tests.jobs.Output``."""
+    its output collected line by line (waitable): ``tests.jobs.Proc``."""
 
     def __init__(self, net: Network, host: str, argv: list[str], env: dict[str, str],
                  cwd: Path, label: str) -> None:
@@ -179,15 +179,6 @@ class NsProc(Output):
         except AssertionError:
             return False
         return True
-
-    def wait(self, timeout: float) -> int:
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.label} still running after {timeout:.0f} s; output:\n"
-                                 f"{self.output}") from None
-        self._reader.join(timeout=10)
-        return rc
 
     def kill(self) -> None:
         """SIGKILL the process group (the process and everything it started) and reap."""
