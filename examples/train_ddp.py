@@ -9,8 +9,10 @@ WORLD_SIZE, MASTER_ADDR, MASTER_PORT and LOCAL_RANK in the environment, e.g.::
     MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2 RANK=1 LOCAL_RANK=1 \\
         python examples/train_ddp.py --steps 50
 
-Standard library and torch only. Side effects: network (the process group), files (rank 0 writes
-``<checkpoint-dir>/latest.pt``; every rank reads it), stdout.
+Standard library and torch only (aegis-flow, when importable, for its progress hook and the
+checkpoint manifests of ``--keep``). Side effects: network (the process group), files (rank 0
+writes ``<checkpoint-dir>/latest.pt`` and, with ``--keep K`` > 1, ``ckpt-<step>.pt``; every rank
+reads one of them), stdout.
 
 Output (everything else is silent):
 
@@ -28,8 +30,14 @@ Output (everything else is silent):
 * rank 0, at the end: ``done: final step N, loss L, params checksum C``.
 
 Steps are numbered 1..N. After step S with S % K == 0, every rank meets at a barrier and rank 0
-saves ``{step, model, optimizer}`` atomically (tmp file, fsync, ``os.replace``). A new process
-loads ``latest.pt`` if present and continues at ``step + 1``.
+saves ``{step, model, optimizer}`` atomically (tmp file, fsync, ``os.replace``) to ``latest.pt``.
+With ``--keep K`` > 1 it also saves ``ckpt-<step>.pt`` (atomically, before ``latest.pt``), writes
+its manifest with ``aegis_flow.supervisor.integrity.record`` when aegis-flow is importable
+(``ckpt-<step>.pt.aegis-sha256.json``), and deletes all but the newest K ``ckpt-<step>.pt`` (and
+their manifests; a checkpoint an integrity gate moved aside is never touched). A new process loads
+``$AEGIS_RESUME_FROM`` when it names an existing file (the integrity gate's choice, e.g.
+``<checkpoint-dir>/aegis-resume``), else ``latest.pt`` if present, and continues at
+``step + 1``.
 
 What equality holds: the batch of step S on rank R depends only on (seed, S, R), the checkpoint
 holds the parameters *and* the optimizer state (SGD momentum) after step S, and a crash injected
@@ -45,6 +53,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import re
 import sys
 import time
 import warnings
@@ -64,8 +73,14 @@ try:  # optional progress hook for the aegis-flow hang detector
 except ImportError:
     _progress = None
 
+try:  # optional checkpoint manifests (--keep K > 1) for the aegis-flow integrity gate
+    from aegis_flow.supervisor import integrity as _integrity
+except ImportError:
+    _integrity = None  # type: ignore[assignment, unused-ignore]
+
 IN_DIM, HIDDEN, OUT_DIM, BATCH = 16, 32, 4, 64
 CHECKPOINT_NAME = "latest.pt"
+KEPT_RE = re.compile(r"ckpt-(\d+)\.pt")  # the --keep checkpoints, exactly (not *.damaged-*)
 # the benchmark markers (AEGIS_FIRST_STEP*, AEGIS_RATE): only when asked for
 TIMING = os.environ.get("AEGIS_TIMING", "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -80,6 +95,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--checkpoint-every", type=int, default=10, help="checkpoint period K")
     p.add_argument(
+        "--keep", type=int, default=1,
+        help="checkpoints to keep: 1 (default) only latest.pt; K > 1 also ckpt-<step>.pt, "
+        "the newest K of them",
+    )
+    p.add_argument(
         "--step-time", type=float, default=0.05, help="extra sleep per step, seconds (0.05)"
     )
     p.add_argument("--fail-at-step", type=int, default=None, help="crash at this step (tests)")
@@ -89,8 +109,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=1234)
     args = p.parse_args(argv)
-    if args.steps < 0 or args.checkpoint_every < 1 or args.step_time < 0:
-        p.error("--steps must be >= 0, --checkpoint-every >= 1 and --step-time >= 0")
+    if args.steps < 0 or args.checkpoint_every < 1 or args.step_time < 0 or args.keep < 1:
+        p.error("--steps must be >= 0, --checkpoint-every >= 1, --step-time >= 0 and --keep >= 1")
     return args
 
 
@@ -148,6 +168,37 @@ def save_checkpoint(path: Path, step: int, model: nn.Module, opt: torch.optim.Op
         pass
 
 
+def save_kept(directory: Path, step: int, model: nn.Module, opt: torch.optim.Optimizer,
+              keep: int) -> None:
+    """Save ``ckpt-<step>.pt`` (atomic) and its manifest (with aegis-flow); keep the newest K."""
+    path = directory / f"ckpt-{step}.pt"
+    save_checkpoint(path, step, model, opt)
+    if _integrity is not None:
+        try:
+            _integrity.record(path)
+        except OSError as exc:  # a manifest is a help, never a reason to stop training
+            print(f"train_ddp: no manifest for {path.name}: {exc!r}", file=sys.stderr, flush=True)
+    kept = sorted(
+        (int(m.group(1)), p)
+        for p in directory.iterdir()
+        if (m := KEPT_RE.fullmatch(p.name)) and p.is_file() and not p.is_symlink()
+    )
+    for _, old in kept[:-keep]:
+        for doomed in (old, old.with_name(old.name + ".aegis-sha256.json")):
+            try:
+                doomed.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def resume_path(checkpoint_dir: Path) -> Path:
+    """``$AEGIS_RESUME_FROM`` when it names an existing file, else ``latest.pt``."""
+    chosen = os.environ.get("AEGIS_RESUME_FROM", "")
+    if chosen and Path(chosen).is_file():
+        return Path(chosen)
+    return checkpoint_dir / CHECKPOINT_NAME
+
+
 def load_checkpoint(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
@@ -197,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     ckpt_path = Path(args.checkpoint_dir) / CHECKPOINT_NAME
     last_done = 0
-    state = load_checkpoint(ckpt_path)
+    state = load_checkpoint(resume_path(Path(args.checkpoint_dir)))
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
@@ -260,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"step {step} loss {loss_value:.6f}", flush=True)
             dist.barrier()
             if rank == 0:
+                if args.keep > 1:
+                    save_kept(ckpt_path.parent, step, model, opt, args.keep)
                 save_checkpoint(ckpt_path, step, model, opt)
         if args.step_time > 0:
             time.sleep(args.step_time)

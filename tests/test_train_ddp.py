@@ -11,11 +11,13 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from aegis_flow.master.runtime import free_port
+from aegis_flow.supervisor.integrity import RESUME_LINK, gate, verify
 
 pytestmark = pytest.mark.e2e
 
@@ -45,11 +47,13 @@ class Launcher:
         self.tmp = tmp
         self.started: list[Rank] = []
 
-    def launch(self, tag: str, ckpt: Path, restart_count: int, *extra: str) -> list[Rank]:
+    def launch(self, tag: str, ckpt: Path, restart_count: int, *extra: str,
+               env_extra: dict[str, str] | None = None) -> list[Rank]:
         port = free_port()
         ranks = []
         for r in range(WORLD):
             env = dict(os.environ)
+            env.update(env_extra or {})
             env.update(
                 AEGIS_TIMING="1",  # the AEGIS_FIRST_STEP / AEGIS_RATE markers
                 RANK=str(r),
@@ -184,6 +188,37 @@ def test_crash_then_resume_matches_uninterrupted(
     final_step, checksum = done_line(ranks[0])
     assert final_step == baseline[0]
     assert checksum == pytest.approx(baseline[1], rel=1e-5, abs=1e-9)
+
+
+def test_keep_writes_recorded_checkpoints_and_a_gated_resume_matches_uninterrupted(
+    launcher: Launcher, baseline: tuple[int, float]
+) -> None:
+    ckpt = launcher.tmp / "ck-keep"
+    ranks = launcher.launch("keep", ckpt, 0, "--keep", "2")
+    assert wait_all(ranks) == [0] * WORLD, {r.rank: r.output() for r in ranks}
+    assert done_line(ranks[0]) == baseline  # --keep changes nothing in the training
+    last, before = STEPS, STEPS - EVERY
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted([
+        "latest.pt", f"ckpt-{before}.pt", f"ckpt-{last}.pt",
+        f"ckpt-{before}.pt.aegis-sha256.json", f"ckpt-{last}.pt.aegis-sha256.json"])
+    assert verify(ckpt / f"ckpt-{last}.pt").reason.startswith(
+        "readable by torch.load (sha256 matches the manifest")
+
+    # damage the newest; the gate moves it aside and the script resumes from the one before
+    newest = ckpt / f"ckpt-{last}.pt"
+    newest.write_bytes(newest.read_bytes()[:100])
+    result = gate(ckpt, "ckpt-*", now=datetime(2025, 1, 1, tzinfo=timezone.utc))
+    assert result.chosen == ckpt / f"ckpt-{before}.pt" and len(result.damaged) == 1
+    ranks = launcher.launch("keep-resume", ckpt, 1, "--keep", "2",
+                            env_extra={"AEGIS_RESUME_FROM": str(ckpt / RESUME_LINK)})
+    assert wait_all(ranks) == [0] * WORLD, {r.rank: r.output() for r in ranks}
+    for r in ranks:
+        assert f"resumed from step {before}" in r.output()
+    final_step, checksum = done_line(ranks[0])
+    assert final_step == baseline[0]
+    assert checksum == pytest.approx(baseline[1], rel=1e-5, abs=1e-9)
+    assert verify(newest).ok  # written again by the resumed run
+    assert (ckpt / f"ckpt-{last}.pt.damaged-20250101T000000Z").is_file()  # never deleted
 
 
 def test_missing_environment_is_a_clear_error() -> None:
