@@ -60,3 +60,27 @@ def job_name(text: str) -> str:
         return protocol.check_name("job", text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def split_command(text: str, *, what: str = "the saver command") -> tuple[str, ...]:
+    """One shell-like string as an argument list (``shlex.split``: quotes group, no shell
+    runs it); ValueError naming the bad value and the fix when it is empty or unparseable."""
+    import shlex
+
+    try:
+        argv = tuple(shlex.split(text))
+    except ValueError as exc:  # "No closing quotation", "No escaped character"
+        raise ValueError(f"{what} {text!r} cannot be parsed ({str(exc).lower()}): quote it "
+                         "as one string, e.g. \"python upload.py --dir 'my ckpt'\"") from None
+    if not argv:
+        raise ValueError(f"{what} is empty: give the program and its arguments as one "
+                         "string, e.g. \"python upload.py --dir ckpt\"")
+    return argv
+
+
+def saver_command(text: str) -> tuple[str, ...]:
+    """``--saver "python upload.py --dir ckpt"``: the command as an argument list."""
+    try:
+        return split_command(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

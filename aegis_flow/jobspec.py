@@ -136,6 +136,9 @@ class JobSpec(BaseModel):
     # worker runs it with the image's own Python; False: the image has aegis-flow installed
     inject_supervisor: bool = True
     python: str = "python3"
+    # a checkpoint saver/uploader every worker runs beside training (``--saver``), one
+    # shell-like string; restarted 3 s after every exit. Empty: none
+    saver: str = ""
     metrics_port: int = 9464  # the master's /metrics, /healthz, /readyz
     grpc_port: int = 50051  # the master's SyncWorkerCreds
     # the Secret (key "token") with the bootstrap token the ranks buy their NATS credentials
@@ -230,6 +233,19 @@ class JobSpec(BaseModel):
             problem = mangled_by_argo(arg)
             if problem:
                 raise ValueError(problem)
+        return v
+
+    @field_validator("saver")
+    @classmethod
+    def _saver(cls, v: str) -> str:
+        if not v:
+            return v
+        from aegis_flow.argtypes import split_command
+
+        split_command(v, what="saver")  # ValueError: named, with the fix
+        problem = mangled_by_argo(v)
+        if problem:
+            raise ValueError(problem.replace("the command argument", "saver", 1))
         return v
 
     @field_validator("workers")

@@ -96,6 +96,14 @@ def add_parsers(sub: Any) -> None:
                    help="set an environment variable for the worker on one node only, e.g. "
                    "local-node-1:AEGIS_SYSFS_ROOT=/mnt/host-sys (nodes are local-node-RANK, "
                    "local-node-RANK-N after a node-fault replacement); repeatable")
+    r.add_argument("--saver", default=None, metavar="CMD",
+                   help="run a checkpoint saver/uploader beside training in every worker, "
+                   "given as one shell-like string (split like a shell does, no shell runs "
+                   "it), e.g. --saver \"python upload.py --dir ckpt\": it gets the rank's "
+                   "environment (RANK, WORLD_SIZE, AEGIS_JOB, AEGIS_WORK_DIR, ...), "
+                   "its output is shown as [rank N saver], it is restarted 3 s "
+                   "after every exit (exit 0 too: it is a daemon) and stopped when its worker "
+                   "ends; training never waits for it")
     r.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG ...]")
     r.set_defaults(handler=_run)
 
@@ -167,6 +175,9 @@ def _run(a: argparse.Namespace) -> int:
                or interpreter_problem(command, Path.cwd()))
     if problem is not None:
         return _usage(f"{problem}: nothing was started")
+    saver = _saver(a.saver)
+    if isinstance(saver, str):
+        return _usage(saver)
     if note:
         print(f"[aegis-flow] {note}", file=sys.stderr)
     hang: tuple[float | None, float | None] = (a.hang_after, a.hang_quit_after)
@@ -180,7 +191,7 @@ def _run(a: argparse.Namespace) -> int:
                         finish_lag=a.finish_lag, metrics_port=a.metrics_port, progress=not a.quiet,
                         prewarm=a.prewarm, secure=not a.insecure_nats,
                         jwt_lifetime=a.jwt_lifetime, hang_after=hang[0], hang_quit_after=hang[1],
-                        give_up_on_repeat=a.give_up_on_repeat, rerun=a.rerun)
+                        give_up_on_repeat=a.give_up_on_repeat, rerun=a.rerun, saver=saver)
         check_local(cfg)
     except ConfigError as exc:
         return report(exc)
@@ -190,6 +201,28 @@ def _run(a: argparse.Namespace) -> int:
         return _usage(problem or str(settings))
     node_env, env = settings
     return run_job(replace(cfg, node_env=node_env, env=env))
+
+
+def _saver(text: str | None) -> tuple[str, ...] | str:
+    """The --saver command as an argument list (a bare python is ours, as for the training
+    command), () without one, or the one-line error of a saver that cannot start."""
+    import shutil
+
+    from aegis_flow.argtypes import split_command
+    from aegis_flow.local.runner import command_problem, with_our_python
+
+    if text is None:
+        return ()
+    try:
+        command = split_command(text)
+    except ValueError as exc:
+        return f"--saver: {exc}"
+    command, _ = with_our_python(command)
+    problem = command_problem(command, Path.cwd(), shutil.which)
+    if problem is not None:
+        return f"--saver: {problem.replace('the command', 'the saver command', 1)}: " \
+               "nothing was started"
+    return command
 
 
 def _usage(message: str) -> int:

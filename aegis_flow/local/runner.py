@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -90,6 +91,7 @@ class RunConfig:
     jwt_lifetime: float = MASTER.jwt_lifetime  # seconds a worker's NATS JWT lives (renewed)
     hang_after: float | None = None  # the supervisors' hang thresholds (None: their defaults)
     hang_quit_after: float | None = None
+    saver: tuple[str, ...] = ()  # a checkpoint saver every supervisor runs beside training
     # extra environment for the supervisor on one node (and so its checks and command):
     # (node, NAME, value), e.g. ("local-node-1", "AEGIS_SYSFS_ROOT", "/mnt/host-sys")
     node_env: tuple[tuple[str, str, str], ...] = ()
@@ -314,6 +316,7 @@ class LocalJob:
                 "--master-connect-timeout", str(c.connect_timeout),
                 "--work-dir", str(self.state_dir / "work"), *injects,
                 *([] if c.prewarm else ["--no-prewarm"]), *hang,
+                *(["--saver", shlex.join(c.saver)] if c.saver else []),
                 *c.extra_worker_args, "--", *c.command]
 
     def _secure_nats(self) -> Path:

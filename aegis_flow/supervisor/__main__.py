@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 
-from aegis_flow.argtypes import positive_seconds
+from aegis_flow.argtypes import positive_seconds, saver_command
 from aegis_flow.outcome import write_outcome
 from aegis_flow.settings import MASTER, WORKER, ConfigError, check_worker, env_value, report
 from aegis_flow.supervisor.agent import Supervisor, WorkerConfig
@@ -77,6 +77,12 @@ def build_parser(prog: str = "aegis-flow worker") -> argparse.ArgumentParser:
     ap.add_argument("--hang-quit-after", type=positive_seconds, default=WORKER.hang_quit_after,
                     metavar="SECONDS", help="no progress for this long: ask the master to "
                     f"restart the job (HangWithQuit, T14; default {WORKER.hang_quit_after:g})")
+    ap.add_argument("--saver", type=saver_command, default=(), metavar="CMD",
+                    help="a checkpoint saver/uploader to run beside CMD, as one shell-like "
+                    "string (split like a shell does; no shell runs it), e.g. \"python "
+                    "upload.py --dir ckpt\": it gets CMD's environment, its "
+                    "output is shown with [rank N saver], it is restarted 3 s after every "
+                    "exit (0 included) and stopped when this worker exits")
     ap.add_argument("--inject", action="append", default=[], metavar="SPEC",
                     help="fault injection for tests: crash:rank=R:after=5s, "
                     "exit:rank=R:code=3:after=8s (epoch=N|all selects the run epoch)")
@@ -118,7 +124,7 @@ def _parse(argv: list[str], prog: str) -> tuple[WorkerConfig, str]:
                        grace=a.grace, injections=injections, work_dir=a.work_dir,
                        prewarm=a.prewarm, nkey_seed=a.nkey_seed,
                        hang_after=a.hang_after, hang_quit_after=a.hang_quit_after,
-                       creds=a.creds)
+                       creds=a.creds, saver=a.saver)
     check_worker(cfg, master_connect_timeout=a.master_connect_timeout)
     return cfg, a.outcome_dir
 

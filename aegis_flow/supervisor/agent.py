@@ -41,6 +41,7 @@ from aegis_flow.supervisor.checks import bootcheck_or_troubleshoot
 from aegis_flow.supervisor.child import process_state
 from aegis_flow.supervisor.inject import Injection, fired_marker
 from aegis_flow.supervisor.prewarm import Zygote, start_zygote
+from aegis_flow.supervisor.saver import Saver, saver_env
 from aegis_flow.supervisor.stats import BeatClock, StepRate, gpu_type
 from aegis_flow.supervisor.waiting import wait_or_cancel
 from aegis_flow.vocab import PHASE_OF_ORDER, ExitCode, Order, Phase
@@ -72,6 +73,7 @@ class WorkerConfig:
     causes_file: str | None = None  # extra log-classifier rules
     nkey_seed: str = ""  # NATS nkey seed file; needs nkeys (PyNaCl)
     creds: str = ""  # NATS credentials from worker-init (supervisor/creds.py); renewed
+    saver: tuple[str, ...] = ()  # a checkpoint saver run beside training (saver.py); () none
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
@@ -229,6 +231,7 @@ class Supervisor:
         # progress line says what a phase waits for, e.g. the torch import of pre-warming)
         self.doing = ""
         self.doing_since = time.monotonic()
+        self.saver: Saver | None = None  # --saver: started and closed by run()
 
     # -- messages ---------------------------------------------------------------------------
     def _msg(self, mtype: p.MsgType, seq: int, data: dict[str, Any]) -> p.Message:
@@ -269,7 +272,8 @@ class Supervisor:
                 "beat_lag": round(self.beats.lag, 4),
                 "step_rate": self.steps.rate(time.time()) if running else None,
                 "step": self.steps.last, "doing": self.doing,
-                "doing_for": round(time.monotonic() - self.doing_since, 1)}
+                "doing_for": round(time.monotonic() - self.doing_since, 1),
+                **({"saver": self.saver.data()} if self.saver is not None else {})}
 
     def _doing(self, what: str) -> None:
         if what != self.doing:
@@ -536,6 +540,19 @@ class Supervisor:
 
     # -- main -------------------------------------------------------------------------------
     async def run(self) -> int:
+        """Supervise; the checkpoint saver (``--saver``) runs beside it from the start and is
+        closed on every way out (plain fallback, exception and cancellation included)."""
+        if self.cfg.saver:
+            self.saver = Saver(self.cfg.saver, saver_env(self.child_env(None)),
+                               rank=self.cfg.rank, grace=self.cfg.grace)
+            self.saver.start()
+        try:
+            return await self._supervise()
+        finally:
+            if self.saver is not None:
+                await self.saver.close()
+
+    async def _supervise(self) -> int:
         loop = asyncio.get_running_loop()
         self.exit_code = loop.create_future()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -731,7 +748,8 @@ class Supervisor:
 
     async def _reap_loop(self) -> None:
         while True:
-            childmod.reap_orphans(lambda pid: self.child is not None and pid == self.child.pid)
+            childmod.reap_orphans(lambda pid: (self.child is not None and pid == self.child.pid)
+                                  or (self.saver is not None and self.saver.owns(pid)))
             await asyncio.sleep(1.0)
 
     async def run_independent(self, why: str) -> int:

@@ -124,6 +124,11 @@ class Child:
             if self._on_line is not None:
                 self._on_line(text)
 
+    async def ended(self) -> int:
+        """The raw return code as soon as the process has exited (``wait()`` also waits for
+        the rest of its output)."""
+        return await asyncio.shield(self._exited)
+
     async def wait(self) -> ExitStatus:
         rc = await asyncio.shield(self._exited)
         try:

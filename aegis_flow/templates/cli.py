@@ -118,6 +118,10 @@ def _job_flags(r: Any) -> None:
     r.add_argument("--grpc-tls-server-name", metavar="NAME",
                    help="the DNS name in the master's certificate that workers check "
                    "(default aegis-master.NAMESPACE.svc)")
+    r.add_argument("--saver", metavar="CMD",
+                   help="a checkpoint saver/uploader every worker runs beside training, as one "
+                   "shell-like string, e.g. \"python upload.py --dir /checkpoints\"; "
+                   "restarted 3 s after every exit, stopped with its worker")
     r.add_argument("train_command", nargs="*", metavar="CMD",
                    help="the training command, after '--'")
 
@@ -133,7 +137,7 @@ def _spec_from_args(args: argparse.Namespace) -> Any:
                 "python", "inject_supervisor",
                 "metrics_port", "grpc_tls_secret", "grpc_plaintext", "grpc_tls_client_secret",
                 "grpc_tls_server_name", "bootstrap_secret", "checkpoint_claim",
-                "checkpoint_dir", "connect_timeout", "replace_timeout"):
+                "checkpoint_dir", "connect_timeout", "replace_timeout", "saver"):
         value = getattr(args, key)
         if value is not None:
             fields[key] = value

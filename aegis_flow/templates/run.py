@@ -27,7 +27,8 @@ def supervisor_argv(spec: JobSpec) -> list[str]:
 
 
 def worker_command(spec: JobSpec, *, rank: str) -> list[str]:
-    """``<supervisor> --job … --rank R --world-size N --nats-url URL --creds F -- <cmd>``.
+    """``<supervisor> --job … --rank R --world-size N --nats-url URL --creds F [--saver S] --
+    <cmd>``.
 
     ``--master-timeout``: how long a rank waits for the master's first order before running
     on its own; more than the master's connect timeout (the master waits that long for every
@@ -39,6 +40,7 @@ def worker_command(spec: JobSpec, *, rank: str) -> list[str]:
             "--master-timeout", str(int(master_timeout_for(spec.connect_timeout)) + MASTER_BACK),
             "--orphan-timeout", str(MASTER_BACK + 180),
             *(["--work-dir", spec.checkpoint_dir] if spec.checkpoint_claim else []),
+            *(["--saver", spec.saver] if spec.saver else []),
             "--", *spec.command]
 
 
