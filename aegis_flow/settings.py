@@ -456,6 +456,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "messages both ways", "tests/test_local_e2e.py", test_only=True),
     EnvVar("AEGIS_TEST_SLOW_RANK", parse_str, "the allreduce_performance check",
            "R:SECONDS: rank R sleeps that long in each send", "tests", test_only=True),
+    EnvVar("AEGIS_AUTO_PROGRESS", parse_bool, "the pre-warmed interpreter (supervisor/zygote.py)",
+           "0: do not count optimizer steps and forwards in the training process (hang "
+           "detection then uses progress.step() or output; default 1)", "the user"),
     EnvVar("AEGIS_FOLD_TRACEBACKS", parse_bool, _SUP,
            "0: print a healthy rank's traceback from a failed peer in full instead of one line "
            "(default 1)", "the user"),

@@ -11,7 +11,7 @@
 (*                  message layer (dedup, stale and future messages, the   *)
 (*                  Pending exception, acks never deduplicated), and the   *)
 (*                  recovery policy of aegis_flow/master/policy.py: blame  *)
-(*                  by evidence (B1 T5s/T14s, B2, B3, B4), the verdict of  *)
+(*                  by evidence (B1 T5s/T14s, B2-B5), the verdict of       *)
 (*                  a round of checks from the rank's history (V1, V2),    *)
 (*                  a failure answered once (V3), repeats (R1, T16).       *)
 (*   Events(s)   -- aegis_flow/verify/environment.py, events(status):      *)
@@ -349,7 +349,10 @@ OnHang(s0, s, e) ==
         busy == {y \in Workers : s.w[y].hanging /\ ~s.w[y].waiting /\ ~s.w[y].finished}
     IN  IF s.phase # "RunCommand" \/ s.w[x].finished THEN Ignore(s0, "late")
         ELSE IF e.quit THEN                                             \* T14
-            IF ~e.waiting \/ ~LivePeer(s, x)                            \* B4
+            IF e.behind # "none" /\ ~s.w[e.behind].finished
+               /\ ~s.w[e.behind].restarting                              \* B5: counts
+            THEN Ok(CountedFailure(s, e.behind, "Troubleshooting", "hang", FALSE, FALSE))
+            ELSE IF ~e.waiting \/ ~LivePeer(s, x)                       \* B4
             THEN Ok(CountedFailure(s, x, "Troubleshooting", "hang", FALSE, FALSE))
             ELSE IF busy # {}                                           \* B2 by the marks
             THEN Ok(CountedFailure(s, Lowest(busy), "Troubleshooting", "hang", FALSE, FALSE))
@@ -418,7 +421,7 @@ AnyWorker == CHOOSE x \in Workers : TRUE
 Ev(type, x, seq, new, ok, fault, quit, kind, cause, waiting) ==
     [type |-> type, w |-> x, seq |-> seq, new |-> new, ok |-> ok,
      fault |-> fault, quit |-> quit, kind |-> kind, cause |-> cause,
-     waiting |-> waiting, shared |-> FALSE]
+     waiting |-> waiting, shared |-> FALSE, behind |-> "none"]
 AckE(x, new, seq, kind) == Ev("Ack", x, seq, new, FALSE, "none", FALSE, kind, "none", FALSE)
 FinishE(x, seq, ok, fault, kind) ==
     Ev("Finish", x, seq, FALSE, ok, fault, FALSE, kind, "none", FALSE)
@@ -429,6 +432,8 @@ ErrorE(x, seq, cause, kind) ==
 HangE(x, seq, quit, waiting) ==
     Ev("Hang", x, seq, FALSE, FALSE, "none", quit,
        IF waiting THEN "symptom" ELSE "normal", "none", waiting)
+\* a waiting rank's HangWithQuit whose progress counts show y behind every peer (B5)
+HangBehindE(x, seq, y) == [HangE(x, seq, TRUE, TRUE) EXCEPT !.behind = y]
 LostE(x) == Ev("Lost", x, 0, FALSE, FALSE, "none", FALSE, "normal", "none", FALSE)
 StopE == Ev("Stop", AnyWorker, 0, FALSE, FALSE, "none", FALSE, "stop", "none", FALSE)
 \* an operator resumes an interrupted job: every worker was started again
@@ -457,6 +462,7 @@ WorkerEvents(s, x) ==
         ELSE IF s.phase = "RunCommand" /\ ~p.finished THEN
             {FinishE(x, q, TRUE, "none", "cooperative"), LostE(x), newPod,
              HangE(x, q, TRUE, FALSE), HangE(x, q, TRUE, TRUE)}
+            \cup {HangBehindE(x, q, y) : y \in Workers \ {x}}
             \cup {ErrorE(x, q, c, ErrKind(c)) : c \in Causes}
             \cup {HangE(x, q, FALSE, b) : b \in {b2 \in BOOLEAN :
                                                    ~(p.hanging /\ p.waiting = b2)}}
@@ -574,12 +580,14 @@ BlameConsistency ==
         /\ st.w[st.blame].cause \in {"symptom", "hang"}
 \* A peer symptom (a symptom Error, a hang report of a sleeping process)
 \* raises nobody's failure count -- unless no other rank is running (B1) or,
-\* for a hang report, a rank marked hung and not sleeping is charged (B2).
+\* for a hang report, a rank marked hung and not sleeping is charged (B2), or
+\* the rank its progress counts show behind every peer (B5).
 SymptomChargesNobody ==
     \A e \in Events(st) :
         (e.kind = "symptom" /\ \E y \in Workers : y # e.w /\ ~st.w[y].finished)
         => \A y \in Workers : Step(st, e).s.w[y].failures <= st.w[y].failures
                              \/ (e.type = "Hang" /\ st.w[y].hanging /\ ~st.w[y].waiting)
+                             \/ (e.type = "Hang" /\ e.behind = y)
 
 (* Deadlock freedom and termination.                                       *)
 

@@ -664,6 +664,17 @@ def _on_hang(status: Status, ev: Hang | HangWithQuit) -> Result:
     if status.phase is not Phase.RUNCOMMAND or pod.finished:
         return _ignore(status, Ignored.LATE, f"{_name(ev)} in {status.phase.value}")
     if isinstance(ev, HangWithQuit):  # T14
+        first = policy.stopped_first(ev.activity)
+        if (first is not None and 0 <= first < len(status.workers)
+                and not status.workers[first].finished
+                and not status.workers[first].restarting):
+            # B5: the counts name the rank that stopped first (its peers went one step on and
+            # wait on it), whichever rank's watchdog fired first
+            status, effects = _counted_failure(status, first, Charge("hang", policy.HANG_CAUSE),
+                                               "T14", Phase.TROUBLESHOOTING)
+            return status, [Log(f"B5: rank {first} stopped first: its progress counts are behind "
+                                f"every peer's (the hang was reported by rank {ev.rank})"),
+                            *effects]
         if not ev.waiting or not _has_live_peer(status, ev.rank):  # B4: it is the one
             return _counted_failure(status, ev.rank, Charge("hang", policy.HANG_CAUSE), "T14",
                                     Phase.TROUBLESHOOTING)

@@ -255,11 +255,15 @@ class Hang:
 @dataclass(frozen=True, slots=True)
 class HangWithQuit:
     """No progress for the quit threshold. ``waiting``: the process sleeps (blocked, e.g. in a
-    collective waiting for a peer) rather than running or stopped: a peer symptom."""
+    collective waiting for a peer) rather than running or stopped: a peer symptom.
+    ``activity``: evidence the runtime attaches, each rank's (rank, optimizer steps, forwards)
+    as its last heartbeat counted them in the current run (``policy.stopped_first`` reads it:
+    the rank behind its peers stopped first)."""
 
     rank: int
     seq: int
     waiting: bool = False
+    activity: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

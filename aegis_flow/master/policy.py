@@ -2,8 +2,9 @@
 runs, where each epoch meets, and what exactly an order says. PURE.
 
 ``machine.step`` calls these functions; every input they read is a field of the persisted
-``Status``, so a restarted master decides exactly as the first one did and re-sends an order
-byte for byte (``order_data``). No I/O, no clock (time arrives as ``now`` in ``step``).
+``Status`` or of the event being stepped, so a restarted master decides exactly as the first
+one did and re-sends an order byte for byte (``order_data``). No I/O, no clock (time arrives
+as ``now`` in ``step``).
 
 The rules, written down once (``aegis-flow explain`` prints them, ``docs/recovery.md`` explains
 them):
@@ -21,6 +22,11 @@ Blame by evidence, not by arrival order.
      symptoms were seen, and the first rank to see one is the best evidence there is.
   B4 A report with a real cause (a signal, an exception, a hardware or container line) is
      charged to its sender at once.
+  B5 A hang report (HangWithQuit) carries every rank's progress counts (optimizer steps and
+     forwards, counted in the training process with no change to the script): the one rank
+     strictly behind all its peers stopped first (they went on and wait on it in the next
+     collective) and is charged, whichever rank's watchdog fired first. Equal counts name
+     nobody: B1–B4 decide.
 
 Level (the judge of one rank's round of checks, ``verdict``).
   V1 The checks' own verdict decides when it is container or hardware (D1–D5).
@@ -55,6 +61,22 @@ from aegis_flow.vocab import (
 )
 
 HANG_CAUSE = "hang"
+
+
+def stopped_first(activity: tuple[tuple[int, int, int], ...]) -> int | None:
+    """The rank that stopped first in a hang, from each rank's (rank, optimizer steps,
+    forwards) counts: synchronous training keeps every rank at the same counts, so when one
+    stops for good its peers go on to the next forward and block in its collective, one ahead
+    of it. The one rank strictly behind every peer is named; None without counts of at least
+    two ranks, or when two or more are equally behind (a fault of the network or of all: the
+    collective checks decide, B1). Pure; no clock (counts, not timestamps, so clock skew
+    between nodes cannot mislead it)."""
+    counts = {rank: (steps, forwards) for rank, steps, forwards in activity}
+    if len(counts) < 2:
+        return None
+    least = min(counts.values())
+    behind = [rank for rank, c in counts.items() if c == least]
+    return behind[0] if len(behind) == 1 else None
 
 
 def is_symptom(code: str) -> bool:

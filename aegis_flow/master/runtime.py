@@ -158,6 +158,9 @@ class Master:
         self._stats_saved: dict[str, int] = {}
         self.env_reports: dict[int, dict[str, Any]] = {}
         self.bandwidth: dict[int, float] = {}
+        # each rank's progress counts in its current run, as its heartbeats carry them: (seq of
+        # the run, optimizer steps, forwards) — evidence attached to a hang report (B5)
+        self.counts: dict[int, tuple[int, int, int]] = {}
         self._timing = bool(os.environ.get("AEGIS_TIMING"))
         self.ready = False  # connected to NATS and the status loaded (/readyz)
         self.stopped_by = ""  # a signal asked the master to stop (request_stop)
@@ -372,6 +375,23 @@ class Master:
         msg = p.order_message(self.subjects, effect, now=stamp, extra=extra)
         await self.nc.publish(subject, msg.encode())
 
+    def _count(self, msg: p.Message) -> None:
+        """Keep the progress counts a heartbeat or hang report carries (data, no decision)."""
+        progress = msg.data.get("progress") if isinstance(msg.data, dict) else None
+        if not isinstance(progress, dict) or not 0 <= msg.rank < self.cfg.workers:
+            return
+        steps, forwards = progress.get("steps"), progress.get("forwards")
+        if (isinstance(steps, int) and isinstance(forwards, int) and not isinstance(steps, bool)
+                and not isinstance(forwards, bool) and steps >= 0 and forwards >= 0):
+            self.counts[msg.rank] = (msg.seq, steps, forwards)
+
+    def _activity(self, seq: int) -> tuple[tuple[int, int, int], ...]:
+        """Every rank's counts in the run of order ``seq`` (a count of an older run is not
+        comparable: a restarted process counts from zero)."""
+        return tuple((rank, steps, forwards)
+                     for rank, (at, steps, forwards) in sorted(self.counts.items())
+                     if at == seq)
+
     def _observe(self, msg: p.Message, event: m.Event) -> None:
         """What the runtime keeps for display and cross-worker notes (no decision): each
         rank's last output lines, the env reports and the bandwidths of a round of checks."""
@@ -441,6 +461,9 @@ class Master:
             self.last_seen[msg.rank] = time.monotonic()
             if self.status.outage:  # a worker is heard again: the control plane is back
                 await self.apply(m.ControlPlaneBack())
+        self._count(msg)
+        if isinstance(event, m.HangWithQuit):
+            event = dataclasses.replace(event, activity=self._activity(event.seq))
         if self.observer is not None:
             self.observer.message(msg, event, time.time())
         try:

@@ -5,9 +5,12 @@ a Unix datagram socket (the receiving end of :mod:`aegis_flow.progress`) and rem
 :func:`collect_stacks` runs ``py-spy dump`` as a subprocess when py-spy is installed.
 Standard library only.
 
-Activity is output from the process, or — once the script has called
-``aegis_flow.progress.step(n)`` at least once — a *new* step number; from then on output no
-longer counts (a process that logs while stuck in a collective is still hung). No activity for
+Activity is, from the strongest signal on: a *new* step number from
+``aegis_flow.progress.step(n)``; a change in the counts the pre-warmed interpreter takes with no
+change to the script (optimizer steps and outermost module forwards, ``zygote._arm_progress``);
+else output from the process. Once a progress signal was seen, output no longer counts (a
+process that logs while stuck in a collective is still hung, and a quiet one that trains is
+not). No activity for
 ``hang_after`` seconds is ``"hang"`` (mark only, the process is kept: T13); for ``quit_after``
 seconds, ``"hang_with_quit"`` (a counted failure: T14). ``check`` reports the level every time;
 the caller reports a change.
@@ -38,6 +41,7 @@ class HangWatchdog:
     last_output: float | None = None
     last_progress: float | None = None
     last_step: int | None = None
+    last_counts: tuple[int, int] | None = None  # automatic: (optimizer steps, forwards)
 
     def __post_init__(self) -> None:
         if not 0 < self.hang_after <= self.quit_after:
@@ -46,8 +50,18 @@ class HangWatchdog:
 
     @property
     def mode(self) -> str:
-        """``"progress"`` once the progress API was used, else ``"output"``."""
-        return "output" if self.last_step is None else "progress"
+        """``"progress"`` once the progress API was used, ``"torch"`` once the automatic
+        counts came, else ``"output"``."""
+        if self.last_step is not None:
+            return "progress"
+        return "output" if self.last_counts is None else "torch"
+
+    def observe_auto(self, now: float, report: AutoProgress) -> HangWatchdog:
+        """An automatic report; only counts different from the last ones are progress."""
+        counts = (report.steps, report.forwards)
+        if counts == self.last_counts:
+            return self
+        return replace(self, last_progress=now, last_counts=counts)
 
     def observe_progress(self, now: float, step: int) -> HangWatchdog:
         """A step report; only a step number different from the last one is progress."""
@@ -87,8 +101,44 @@ class HangWatchdog:
                                 f"{self.quit_after:g} s)", timestamp=now, data=data)
 
 
+@dataclass(frozen=True)
+class AutoProgress:
+    """What the pre-warmed interpreter counted in the training process (``a`` datagrams):
+    optimizer steps and outermost forwards since the process started, the wall time of the
+    last of them, and the mean forward time since the previous report (None: no forward)."""
+
+    steps: int
+    forwards: int
+    last_active: float
+    forward_ms: float | None
+
+    @classmethod
+    def parse(cls, raw: bytes) -> AutoProgress | None:
+        """``a STEPS FORWARDS LAST_ACTIVE FORWARD_MS``; None when malformed."""
+        parts = raw.split()
+        if len(parts) != 5 or parts[0] != b"a":
+            return None
+        try:
+            steps, forwards = int(parts[1]), int(parts[2])
+            last, ms = float(parts[3]), float(parts[4])
+        except ValueError:
+            return None
+        if steps < 0 or forwards < 0 or last != last or ms != ms:  # NaN
+            return None
+        return cls(steps, forwards, last, ms if ms >= 0 else None)
+
+    def beat(self) -> dict[str, object]:
+        """As the heartbeat carries it."""
+        return {"steps": self.steps, "forwards": self.forwards,
+                "last_active": round(self.last_active, 3),
+                "forward_ms": None if self.forward_ms is None else round(self.forward_ms, 3)}
+
+
 class ProgressSocket:
-    """The supervisor's end of :mod:`aegis_flow.progress`: bound, non-blocking datagrams."""
+    """The supervisor's end of :mod:`aegis_flow.progress` and of the pre-warmed interpreter's
+    automatic counts: bound, non-blocking datagrams. :meth:`drain` returns the step numbers;
+    the latest automatic report is kept in ``auto`` (the counts only grow: the latest says
+    all)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
@@ -97,6 +147,11 @@ class ProgressSocket:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(self.path)
         self.sock.setblocking(False)
+        self.auto: AutoProgress | None = None
+
+    def reset(self) -> None:
+        """A new training process: its counts start from zero again."""
+        self.auto = None
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -106,9 +161,14 @@ class ProgressSocket:
         steps: list[int] = []
         while True:
             try:
-                raw = self.sock.recv(64)
+                raw = self.sock.recv(128)
             except (BlockingIOError, InterruptedError):
                 return steps
+            if raw.startswith(b"a "):
+                auto = AutoProgress.parse(raw)
+                if auto is not None:
+                    self.auto = auto
+                continue
             with contextlib.suppress(ValueError, IndexError):
                 steps.append(int(raw.split()[0]))
 
@@ -133,6 +193,19 @@ def find_tool(name: str) -> str | None:
         candidate = Path(sysconfig.get_path("scripts")) / name
         found = str(candidate) if os.access(candidate, os.X_OK) else None
     return found
+
+
+def top_frame(stacks: str) -> str | None:
+    """The innermost frame of the main thread in a ``py-spy dump`` (``"inner (train.py:3)"``):
+    where the process is stuck. None when the dump has no such thread (py-spy missing)."""
+    lines = stacks.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Thread ") and line.rstrip().endswith('"MainThread"'):
+            for frame in lines[i + 1:]:
+                if not frame.startswith((" ", "\t")) or not frame.strip():
+                    return None
+                return frame.strip()[:200]
+    return None
 
 
 def collect_stacks(pid: int, *, timeout: float = 10.0,

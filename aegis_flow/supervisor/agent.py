@@ -35,7 +35,7 @@ from aegis_flow.steps.classify import (
     exception_of,
     load_table,
 )
-from aegis_flow.steps.hang import HangWatchdog, ProgressSocket, collect_stacks
+from aegis_flow.steps.hang import HangWatchdog, ProgressSocket, collect_stacks, top_frame
 from aegis_flow.supervisor import child as childmod
 from aegis_flow.supervisor.checks import bootcheck_or_troubleshoot
 from aegis_flow.supervisor.child import process_state
@@ -224,6 +224,7 @@ class Supervisor:
         # carried in every heartbeat, exported per worker by the master (stats.py)
         self.child_starts = 0
         self.steps = StepRate()
+        self.auto_steps = StepRate()  # optimizer steps the pre-warmed interpreter counted
         self.beats = BeatClock(cfg.heartbeat_interval)
         self.gpu_type = gpu_type()
         self.session: Any = None  # supervisor.creds.Session when --creds is given
@@ -270,10 +271,18 @@ class Supervisor:
                 "node_ip": os.environ.get("AEGIS_NODE_IP", self.cfg.pod_ip),
                 "gpu_type": self.gpu_type, "child_restarts": max(0, self.child_starts - 1),
                 "beat_lag": round(self.beats.lag, 4),
-                "step_rate": self.steps.rate(time.time()) if running else None,
+                "step_rate": self._step_rate() if running else None,
                 "step": self.steps.last, "doing": self.doing,
+                "progress": (self.progress.auto.beat() if running and self.progress is not None
+                             and self.progress.auto is not None else None),
                 "doing_for": round(time.monotonic() - self.doing_since, 1),
                 **({"saver": self.saver.data()} if self.saver is not None else {})}
+
+    def _step_rate(self) -> float | None:
+        """Steps per second: the script's own step numbers, else its optimizer steps."""
+        rate = self.steps.rate(time.time())
+        return rate if rate is not None or self.steps.last is not None else (
+            self.auto_steps.rate(time.time()))
 
     def _doing(self, what: str) -> None:
         if what != self.doing:
@@ -408,6 +417,10 @@ class Supervisor:
             self.child = await self._start(env)
             self.child_starts += 1
             self.steps.reset()
+            self.auto_steps.reset()
+            if self.progress is not None:  # the new process counts from zero
+                self.progress.drain()
+                self.progress.reset()
         except OSError as exc:
             if msg is not None:
                 await self.report(p.MsgType.ERROR, {"cause": f"cannot start command: {exc}",
@@ -487,6 +500,9 @@ class Supervisor:
                 for step in self.progress.drain():
                     dog = dog.observe_progress(now, step)
                     self.steps.observe(now, step)
+                if self.progress.auto is not None:
+                    dog = dog.observe_auto(now, self.progress.auto)
+                    self.auto_steps.observe(now, self.progress.auto.steps)
             if child.last_output is not None:
                 dog = dog.observe_output(child.last_output)
             level = dog.check(now)
@@ -496,16 +512,23 @@ class Supervisor:
                 continue
             reported = level
             waiting = process_state(child.pid) == "S"  # asleep: blocked, e.g. on a peer
+            stacks = await asyncio.get_running_loop().run_in_executor(
+                None, collect_stacks, child.pid)
+            frame = top_frame(stacks)
+            auto = self.progress.auto if self.progress is not None else None
+            data: dict[str, Any] = {
+                "idle": dog.idle(now), "waiting": waiting, "mode": dog.mode, "frame": frame,
+                "progress": auto.beat() if auto is not None else None}
+            where = f" in {frame}" if frame else ""
             if level == "hang":
-                _warn(f"no progress for {dog.idle(now):.0f} s: reporting a hang (kept running)")
-                await self._publish(self._msg(p.MsgType.HANG, seq, {"idle": dog.idle(now),
-                                                                   "waiting": waiting}))
+                _warn(f"no progress ({dog.mode}) for {dog.idle(now):.0f} s{where}: reporting "
+                      "a hang (kept running)")
+                await self._publish(self._msg(p.MsgType.HANG, seq, data))
             else:
-                stacks = await asyncio.get_running_loop().run_in_executor(
-                    None, collect_stacks, child.pid)
-                _warn(f"no progress for {dog.idle(now):.0f} s: asking to restart")
+                _warn(f"no progress ({dog.mode}) for {dog.idle(now):.0f} s{where}: asking to "
+                      "restart")
                 await self._publish(self._msg(p.MsgType.HANG_WITH_QUIT, seq, {
-                    "idle": dog.idle(now), "stacks": stacks[-4000:], "waiting": waiting}))
+                    **data, "stacks": stacks[-4000:]}))
 
     def _check_starters(self) -> list[Any]:
         """Fork the checks from the pre-warmed interpreter if any, else start them cold."""

@@ -96,6 +96,76 @@ def _arm_exit_injection(env: dict[str, str]) -> None:
     timer.start()
 
 
+AUTO_PERIOD = 0.5  # seconds between two automatic progress reports (only when changed)
+
+
+def _arm_progress(env: dict[str, str]) -> bool:
+    """Count the training process's progress with no change to its code: every optimizer step
+    (torch's global optimizer-step hook) and every outermost module forward (torch's global
+    module hooks), and the time those forwards take. A daemon thread sends the counts to the
+    supervisor's progress socket (``$AEGIS_PROGRESS_SOCKET``) every ``AUTO_PERIOD`` s when they
+    changed, as one datagram ``a <optimizer steps> <forwards> <last activity, epoch s>
+    <mean forward ms since the last report>`` — the thread runs while the main thread is
+    blocked in a collective, so the last count always gets out. False (nothing armed) when
+    torch was not pre-imported, there is no socket, or ``AEGIS_AUTO_PROGRESS=0``."""
+    path = env.get("AEGIS_PROGRESS_SOCKET", "")
+    if not path or "torch" not in sys.modules or env.get("AEGIS_AUTO_PROGRESS", "1") == "0":
+        return False
+    try:  # by name: this script imports no torch of its own (only what PRELOAD warmed)
+        tmodule = importlib.import_module("torch.nn.modules.module")
+        toptim = importlib.import_module("torch.optim.optimizer")
+    except Exception:  # noqa: BLE001 - an unusual torch: no automatic progress
+        return False
+    state = {"steps": 0, "forwards": 0, "last": time.time(), "depth": 0, "began": 0.0,
+             "fwd_s": 0.0, "fwd_n": 0}
+
+    def stepped(*_: object) -> None:
+        state["steps"] += 1
+        state["last"] = time.time()
+
+    def before(*_: object) -> None:
+        if state["depth"] == 0:
+            state["began"] = time.perf_counter()
+        state["depth"] += 1
+
+    def after(*_: object) -> None:
+        state["depth"] = max(0, state["depth"] - 1)
+        if state["depth"] == 0:
+            state["fwd_s"] += time.perf_counter() - state["began"]
+            state["fwd_n"] += 1
+            state["forwards"] += 1
+            state["last"] = time.time()
+
+    try:
+        toptim.register_optimizer_step_post_hook(stepped)
+        tmodule.register_module_forward_pre_hook(before)
+        tmodule.register_module_forward_hook(after, always_call=True)
+    except Exception:  # noqa: BLE001
+        return False
+
+    def send() -> None:
+        out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        out.setblocking(False)
+        # nothing until the first forward or step: before that, output counts
+        sent: tuple[float, float] = (0, 0)
+        while True:
+            time.sleep(AUTO_PERIOD)
+            now = (state["steps"], state["forwards"])
+            if now == sent:
+                continue
+            n = state["fwd_n"]
+            mean_ms = 1000.0 * state["fwd_s"] / n if n else -1.0
+            state["fwd_s"], state["fwd_n"] = 0.0, 0
+            try:
+                out.sendto(b"a %d %d %.3f %.3f" % (now[0], now[1], state["last"], mean_ms), path)
+                sent = now
+            except OSError:
+                pass  # the supervisor is busy or gone: training must never notice
+
+    threading.Thread(target=send, name="aegis-progress", daemon=True).start()
+    return True
+
+
 def _child(req: dict[str, object], out_fd: int, sock: socket.socket) -> None:
     """In the forked child: become the training process. Never returns."""
     code = 1
@@ -117,6 +187,7 @@ def _child(req: dict[str, object], out_fd: int, sock: socket.socket) -> None:
         sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         env = {str(k): str(v) for k, v in dict(req["env"]).items()}  # type: ignore[call-overload]
         _arm_exit_injection(env)
+        _arm_progress(env)
         os.environ.clear()
         os.environ.update(env)
         os.chdir(str(req["cwd"]))

@@ -180,6 +180,14 @@ def _hang(w: int, seq: int, quit_: bool, waiting: bool = False) -> Hang | HangWi
     return HangWithQuit(w, seq, waiting) if quit_ else Hang(w, seq, waiting)
 
 
+@cache
+def _hang_behind(w: int, seq: int, behind: int, workers: int) -> HangWithQuit:
+    """A waiting rank's HangWithQuit whose progress counts show rank ``behind`` one forward
+    behind every other rank (B5: ``behind`` stopped first)."""
+    activity = tuple((r, 0, 0 if r == behind else 1) for r in range(workers))
+    return HangWithQuit(w, seq, True, activity)
+
+
 def other_incarnation(incarnation: str | None) -> str:
     """The incarnation a replacement pod of a worker gets: the other one of "0"/"1"."""
     return "1" if incarnation == FIRST_INCARNATION else FIRST_INCARNATION
@@ -244,6 +252,8 @@ def _worker_events(status: Status, pod: PodInfo, message_layer: bool) -> list[tu
                 out.append((Kind.SYMPTOM if waiting else n, _hang(w, seq, False, waiting)))
         out += [(n, _hang(w, seq, True, False)), (Kind.SYMPTOM, _hang(w, seq, True, True)),
                 (n, _lost(w)), (n, new_pod)]
+        out += [(Kind.SYMPTOM, _hang_behind(w, seq, r, len(status.workers)))
+                for r in range(len(status.workers)) if r != w]
         return out
     # Restarting, a worker that is not being replaced: it can still be lost or replaced.
     return [(n, _lost(w)), (n, new_pod)]

@@ -147,6 +147,13 @@ def _symptom(kind: Kind, event: Event) -> bool:
     return isinstance(event, HangWithQuit) and event.waiting
 
 
+def _behind_all(rank: int, activity: tuple[tuple[int, int, int], ...]) -> bool:
+    """``rank``'s (steps, forwards) are less than every other rank's (at least one other)."""
+    mine = [(s, f) for r, s, f in activity if r == rank]
+    others = [(s, f) for r, s, f in activity if r != rank]
+    return bool(mine) and bool(others) and all(mine[0] < o for o in others)
+
+
 def _evidence_against(rank: int, kind: Kind, event: Event, old: Status, new: Status) -> bool:
     """Whether this edge carries evidence that ``rank`` failed (BlameIsEvidence)."""
     pod = old.workers[rank]
@@ -164,6 +171,9 @@ def _evidence_against(rank: int, kind: Kind, event: Event, old: Status, new: Sta
             return True  # its failed check: by its result, or by its history (V2)
     if isinstance(event, Finish) and pod.shared and pod.finish_seq == old.seq:
         return True  # its failed storage check, held for the others' (T3j), judged now
+    if isinstance(event, HangWithQuit) and old.phase is Phase.RUNCOMMAND and _behind_all(
+            rank, event.activity):
+        return True  # B5: its progress counts are behind every peer's: it stopped first
     if isinstance(event, HangWithQuit) and event.waiting and old.phase is Phase.RUNCOMMAND:
         return pod.hanging and not pod.waiting and not pod.finished  # B2 by the T13 marks
     # B3: the round of checks completes with the blame still on ``rank``
@@ -177,7 +187,8 @@ def blame_is_evidence(kind: Kind, event: Event, old: Status, new: Status,
     non-symptom report (an Error, a HangWithQuit of a process that does not sleep; a symptom
     too when every other rank has finished its run: no peer can have caused it), it was lost
     or replaced by a new pod, its check failed (by its result or its history, or a storage
-    check held until the others answered, T3j); or it is marked
+    check held until the others answered, T3j); or its progress counts in a HangWithQuit are
+    behind every peer's (B5); or it is marked
     hung and not waiting when a waiting rank reports HangWithQuit (B2); or the round completes
     with the blame on it (B3). T9's alignment of ``retries`` to recoverCount is the one other
     way ``retries`` grows. In particular a peer symptom never raises anyone's count."""
