@@ -221,7 +221,7 @@ def to_event(msg: Message) -> m.Event:
         if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_STEP:
             shown = repr(step) if len(repr(step)) <= 40 else repr(step)[:40] + "…"
             raise ProtocolError(f"checkpoint without a valid step: {shown}")
-        return m.CheckpointDone(step)
+        return m.CheckpointDone(step, gated=isinstance(msg.data.get("gate"), list))
     if t is MsgType.STOP:
         return m.Stop(str(msg.data.get("reason", "stopped by an operator"))[:200])
     raise ProtocolError(f"a {t.value} message is not an event for the master")

@@ -75,6 +75,13 @@ class MasterDefaults:
         "--revoke-grace", "seconds an evicted worker keeps its NATS access, so one that was "
         "reconnecting when its exit order went out still gets it (its successor's "
         "registration revokes it at once)"))
+    slow_window: float = field(default=60.0, metadata=_doc(
+        "--slow-window", "seconds a rank's forwards must take more than twice its peers' "
+        "median, in a row, before it is marked slow (T13s); it is evicted right after the "
+        "next checkpoint (T13e, exit 72)"))
+    slow_evict_within: float = field(default=1800.0, metadata=_doc(
+        "--slow-evict-within", "seconds after a slow mark with no checkpoint before the master "
+        "says so (training goes on: a slow node is better than lost progress)"))
     give_up_on_repeat: bool = field(default=True, metadata=_doc(
         "--give-up-on-repeat", "the same exception at the same step twice in a row on one rank "
         "ends the job (a deterministic error, T16) instead of using up the retries"))
@@ -258,6 +265,10 @@ def check_master(cfg: MasterSettings, *, heartbeat: float = WORKER.heartbeat_int
     _seconds("the lost timeout", cfg.lost_timeout, "--lost-timeout")
     _seconds("the replace timeout", cfg.replace_timeout, "--replace-timeout")
     _seconds("the finish lag", getattr(cfg, "finish_lag", MASTER.finish_lag), "--finish-lag")
+    _seconds("the slow window", getattr(cfg, "slow_window", MASTER.slow_window), "--slow-window",
+             zero_ok=True)
+    _seconds("the slow eviction bound", getattr(cfg, "slow_evict_within",
+                                                 MASTER.slow_evict_within), "--slow-evict-within")
     outage = getattr(cfg, "outage_limit", MASTER.outage_limit)
     _seconds("the outage limit", outage, "--outage-limit")
     if outage <= cfg.lost_timeout:
@@ -315,6 +326,8 @@ def check_local(cfg: LocalSettings) -> None:
     _seconds("the connect timeout", cfg.connect_timeout, "--connect-timeout")
     _seconds("the lost timeout", cfg.lost_timeout, "--lost-timeout")
     _seconds("the finish lag", getattr(cfg, "finish_lag", MASTER.finish_lag), "--finish-lag")
+    _seconds("the slow window", getattr(cfg, "slow_window", MASTER.slow_window), "--slow-window",
+             zero_ok=True)
     _seconds("the heartbeat interval", cfg.heartbeat, "RunConfig.heartbeat")
     _seconds("grace", cfg.grace, "RunConfig.grace", zero_ok=True)
     _seconds("the JWT lifetime", cfg.jwt_lifetime, "--jwt-lifetime")
@@ -432,9 +445,15 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("AEGIS_MAX_RETRY", parse_str, "the supervisor (agent.py: Argo progress)",
            "the job's max-retry, the M of the pod's self-reported progress N/M",
            "the worker template ({{workflow.parameters.max-retry}})"),
-    EnvVar("AEGIS_CHECKPOINT_DIR", parse_str, "the training script (examples/train_ddp.py)",
-           "the checkpoint directory every rank shares",
-           "the worker template (JobSpec.checkpoint_dir, with checkpoint_claim)"),
+    EnvVar("AEGIS_CHECKPOINT_DIR", parse_str, f"{_SUP} (default of --checkpoint-dir); the "
+           "training script (examples/train_ddp.py)",
+           "the checkpoint directory every rank shares: watched for completed checkpoints and "
+           "gated before every run",
+           "the worker template (JobSpec.checkpoint_dir, with checkpoint_claim); the "
+           "supervisor, for the command, with --checkpoint-dir"),
+    EnvVar("AEGIS_RESUME_FROM", parse_str, "the training script (examples/train_ddp.py)",
+           "DIR/aegis-resume: the newest checkpoint the integrity gate found good (load it "
+           "when it exists)", "the supervisor, with --checkpoint-dir"),
     # the master and worker-init
     EnvVar("AEGIS_POD_NAME", parse_str, "master (fault log)", "the master's pod name",
            "nothing yet (templates/master.py sets POD_IP)"),

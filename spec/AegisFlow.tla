@@ -67,7 +67,7 @@ Phases == {"Pending", "BootChecking", "RunCommand", "Restarting",
            "Troubleshooting", "Succeed", "Failed", "Independent"}
 Terminal == {"Succeed", "Failed", "Independent"}
 Checking == {"BootChecking", "Troubleshooting"}
-Exits == {"none", "node-fault", "container-restart"}
+Exits == {"none", "node-fault", "container-restart", "slow-evicted"}
 
 \* The open cause of a rank, as the policy tells causes apart (policy.judge):
 \* none; a hardware or container class; the hang cause; a peer symptom (B1);
@@ -95,7 +95,7 @@ Pod0 == [phase |-> "Pending", finished |-> FALSE, retries |-> 0,
          finDone |-> FALSE, errDone |-> FALSE, flaps |-> 0,
          hanging |-> FALSE, exit |-> "none",
          failures |-> 0, cause |-> "none", sig |-> FALSE, waiting |-> FALSE,
-         finRun |-> FALSE, errRun |-> FALSE, shared |-> FALSE]
+         finRun |-> FALSE, errRun |-> FALSE, shared |-> FALSE, slow |-> FALSE]
 
 Init == st = [phase |-> "Pending", seq |-> 0, recoverCount |-> 0,
               shouldQuit |-> FALSE, ran |-> FALSE, stopped |-> FALSE,
@@ -191,7 +191,8 @@ ReplaceWorker(s, x, exit, newPod) ==
                          !.w[x].flaps = IF counted THEN @ ELSE Min(@ + 1, FlapLimit),
                          !.w[x].exit = exit,
                          !.w[x].hanging = FALSE,
-                         !.w[x].waiting = FALSE]
+                         !.w[x].waiting = FALSE,
+                         !.w[x].slow = FALSE]
     IN  IF s.blame # "none" /\ b.failed THEN b.s
         ELSE IF counted /\ c.failed THEN c.s
         ELSE IF s3.phase = "Restarting" THEN s3   \* already holding: no new round
@@ -214,7 +215,7 @@ LivePeer(s, x) == \E y \in Workers : y # x /\ ~s.w[y].finished
 
 \* V3: what a rank that comes back as a new container (or on a new node) keeps.
 Answered(p) ==
-    IF p.exit = "node-fault" THEN [p EXCEPT !.failures = 0, !.cause = "none"]
+    IF p.exit \in {"node-fault", "slow-evicted"} THEN [p EXCEPT !.failures = 0, !.cause = "none"]
     ELSE IF p.cause # "none" /\ p.cause # "hardware" THEN [p EXCEPT !.cause = "none"]
     ELSE p
 
@@ -393,8 +394,26 @@ OnSeqEvent(s, e) ==
         ELSE IF e.type = "Error" THEN OnError(s, s1, e)
         ELSE OnHang(s, s1, e)
 
+\* T13s: a rank slower than its peers for a sustained window is marked, kept.
+OnSlow(s, e) ==
+    LET p == s.w[e.w]
+    IN  IF s.phase # "RunCommand" \/ p.finished \/ p.restarting THEN Ignore(s, "late")
+        ELSE IF p.slow THEN Ignore(s, "duplicate")
+        ELSE Ok([s EXCEPT !.w[e.w].slow = TRUE])
+
+\* A checkpoint completed: the safe point a slow rank waits for. T13e evicts
+\* it (the lowest such rank) as a replacement with the slow-evicted exit.
+OnCheckpoint(s) ==
+    LET slow == {y \in Workers : s.w[y].slow /\ ~s.w[y].finished /\ ~s.w[y].restarting}
+    IN  IF s.phase \in Terminal THEN Ignore(s, "late")
+        ELSE IF s.phase = "RunCommand" /\ slow # {}
+        THEN Ok(ReplaceWorker(s, Lowest(slow), "slow-evicted", FALSE))
+        ELSE Ok(s)
+
 Step(s, e) ==
     CASE e.type = "Ack"  -> OnAck(s, e)
+      [] e.type = "Slow" -> OnSlow(s, e)
+      [] e.type = "Checkpoint" -> OnCheckpoint(s)
       [] e.type = "Lost" -> OnLost(s, e)
       [] e.type = "Stop" ->                                             \* T12
             IF s.phase \in Terminal THEN Ignore(s, "late")
@@ -435,6 +454,9 @@ HangE(x, seq, quit, waiting) ==
 \* a waiting rank's HangWithQuit whose progress counts show y behind every peer (B5)
 HangBehindE(x, seq, y) == [HangE(x, seq, TRUE, TRUE) EXCEPT !.behind = y]
 LostE(x) == Ev("Lost", x, 0, FALSE, FALSE, "none", FALSE, "normal", "none", FALSE)
+SlowE(x) == Ev("Slow", x, 0, FALSE, FALSE, "none", FALSE, "normal", "none", FALSE)
+CheckpointE == Ev("Checkpoint", AnyWorker, 0, FALSE, FALSE, "none", FALSE, "normal", "none",
+                  FALSE)
 StopE == Ev("Stop", AnyWorker, 0, FALSE, FALSE, "none", FALSE, "stop", "none", FALSE)
 \* an operator resumes an interrupted job: every worker was started again
 ResumeE == Ev("Resume", AnyWorker, 0, FALSE, FALSE, "none", FALSE, "resume", "none", FALSE)
@@ -463,6 +485,7 @@ WorkerEvents(s, x) ==
             {FinishE(x, q, TRUE, "none", "cooperative"), LostE(x), newPod,
              HangE(x, q, TRUE, FALSE), HangE(x, q, TRUE, TRUE)}
             \cup {HangBehindE(x, q, y) : y \in Workers \ {x}}
+            \cup (IF p.slow THEN {} ELSE {SlowE(x)})
             \cup {ErrorE(x, q, c, ErrKind(c)) : c \in Causes}
             \cup {HangE(x, q, FALSE, b) : b \in {b2 \in BOOLEAN :
                                                    ~(p.hanging /\ p.waiting = b2)}}
@@ -501,6 +524,8 @@ Events(s) ==
     ELSE UNION {WorkerEvents(s, x) \cup LateEvents(s, x)
                 \cup (IF MessageLayer THEN MessageEvents(s, x) ELSE {})
                 : x \in Workers}
+         \cup (IF s.phase = "RunCommand" /\ \E y \in Workers : s.w[y].slow
+               THEN {CheckpointE} ELSE {})
          \cup (IF s.phase = "Pending" THEN {TimeoutE}
                ELSE IF Resumes THEN {ResumeE} ELSE {})
          \cup {StopE}

@@ -127,7 +127,8 @@ def test_a_spec_only_state_is_traced_by_tlc() -> None:
               "inner=<<BootChecking,BootChecking>> finished=<<TRUE,FALSE>> "
               "retries=<<0,0>> wseq=<<1,0>> restarting=<<FALSE,FALSE>> exit=<<none,none>> "
               "flaps=<<0,0>> hanging=<<FALSE,FALSE>> waiting=<<FALSE,FALSE>> "
-              "failures=<<0,0>> cause=<<none,none>> sig=<<FALSE,FALSE>> blame=-1 culprit=-1")
+              "failures=<<0,0>> cause=<<none,none>> sig=<<FALSE,FALSE>> slow=<<FALSE,FALSE>> "
+              "blame=-1 culprit=-1")
     assert line_to_tla(target).startswith('<<"BootChecking", FALSE, 0, 1, <<"BootChecking"')
     found = spec_trace(P0_SMALL, [target], timeout=600)
     assert found is not None and found.side == "spec" and found.line == target

@@ -83,21 +83,24 @@ st = [ phase |-> "Restarting",
   w |->
       ( w2 :> [phase |-> "Succeed", finished |-> TRUE, retries |-> 1, seq |-> 3,
                restarting |-> FALSE, exit |-> "none", flaps |-> 0, hanging |-> TRUE,
-               waiting |-> TRUE, failures |-> 0, cause |-> "symptom", sig |-> FALSE] @@
+               waiting |-> TRUE, failures |-> 0, cause |-> "symptom", sig |-> FALSE,
+               slow |-> FALSE] @@
         w1 :> [phase |-> "Troubleshooting", finished |-> FALSE, retries |-> 1, seq |-> 4,
                restarting |-> TRUE, exit |-> "container-restart", flaps |-> 2,
                hanging |-> FALSE, waiting |-> FALSE, failures |-> 2,
-               cause |-> "container", sig |-> TRUE] ) ]
+               cause |-> "container", sig |-> TRUE, slow |-> FALSE] ) ]
 
 State 2:
 /\\ st = [phase |-> "Failed", seq |-> 5, recoverCount |-> 3, shouldQuit |-> TRUE,
   blame |-> "none", culprit |-> w1,
   w |-> (w1 :> [phase |-> "Failed", finished |-> FALSE, retries |-> 3, seq |-> 5,
                 restarting |-> FALSE, exit |-> "none", flaps |-> 0, hanging |-> FALSE,
-                waiting |-> FALSE, failures |-> 1, cause |-> "error", sig |-> FALSE] @@
+                waiting |-> FALSE, failures |-> 1, cause |-> "error", sig |-> FALSE,
+                slow |-> FALSE] @@
          w2 :> [phase |-> "Failed", finished |-> FALSE, retries |-> 2, seq |-> 5,
                 restarting |-> FALSE, exit |-> "none", flaps |-> 0, hanging |-> FALSE,
-                waiting |-> FALSE, failures |-> 0, cause |-> "none", sig |-> FALSE])]
+                waiting |-> FALSE, failures |-> 0, cause |-> "none", sig |-> FALSE,
+                slow |-> FALSE])]
 """
 
 
@@ -112,7 +115,8 @@ def test_values_states_and_the_projection_are_read_as_tlc_prints_them() -> None:
         "inner=<<Troubleshooting,Succeed>> finished=<<FALSE,TRUE>> retries=<<1,1>> "
         "wseq=<<4,3>> restarting=<<TRUE,FALSE>> exit=<<container-restart,none>> "
         "flaps=<<2,0>> hanging=<<FALSE,TRUE>> waiting=<<FALSE,TRUE>> failures=<<2,0>> "
-        "cause=<<container,symptom>> sig=<<TRUE,FALSE>> blame=1 culprit=-1")
+        "cause=<<container,symptom>> sig=<<TRUE,FALSE>> slow=<<FALSE,FALSE>> blame=1 "
+        "culprit=-1")
     assert project(states[1]).startswith("phase=Failed shouldQuit=TRUE recoverCount=3 seq=5")
     assert project(states[1]).endswith("blame=-1 culprit=0")
     with pytest.raises(ValueError, match="cannot read"):
@@ -139,7 +143,8 @@ def test_the_projection_is_the_explorers_canonical_line() -> None:
         inner=["Troubleshooting", "Succeed"], finished=[False, True], retries=[1, 1],
         wseq=[4, 3], restarting=[True, False], exit=["container-restart", "none"],
         flaps=[2, 0], hanging=[False, True], waiting=[False, True], failures=[2, 0],
-        cause=["container", "symptom"], sig=[True, False], blame=1, culprit=-1)
+        cause=["container", "symptom"], sig=[True, False], slow=[False, False], blame=1,
+        culprit=-1)
     assert canonical(status) == line == project(parse_states(DUMP)[0])
 
 

@@ -162,7 +162,9 @@ def test_the_message_layer_adds_no_decision_state() -> None:
     p0 = checked(Config(workers=2, max_retry=1, seq_bound=3))
     p1 = checked(Config(workers=2, max_retry=1, seq_bound=3, message_layer=True))
     assert p1.exploration.states == p0.exploration.states
-    assert p1.exploration.transitions > 2 * p0.exploration.transitions
+    # (first deliveries grew with the slow-rank and B5 events: the re-deliveries still add
+    # more than half as many transitions again)
+    assert 2 * p1.exploration.transitions > 3 * p0.exploration.transitions
 
 
 def test_dump_refuses_symmetry() -> None:
@@ -178,7 +180,8 @@ def test_canonical_line_of_the_initial_state() -> None:
         "phase=Pending shouldQuit=FALSE recoverCount=0 seq=0 inner=<<Pending,Pending>> "
         "finished=<<FALSE,FALSE>> retries=<<0,0>> wseq=<<0,0>> restarting=<<FALSE,FALSE>> "
         "exit=<<none,none>> flaps=<<0,0>> hanging=<<FALSE,FALSE>> waiting=<<FALSE,FALSE>> "
-        "failures=<<0,0>> cause=<<none,none>> sig=<<FALSE,FALSE>> blame=-1 culprit=-1")
+        "failures=<<0,0>> cause=<<none,none>> sig=<<FALSE,FALSE>> slow=<<FALSE,FALSE>> "
+              "blame=-1 culprit=-1")
 
 
 def test_dump_is_deterministic_sorted_and_unique() -> None:

@@ -17,12 +17,14 @@ from aegis_flow.master import policy
 from aegis_flow.master.machine import (
     CauseClass,
     Error,
+    ExitCode,
     FaultClass,
     HangWithQuit,
     Log,
     Order,
     Phase,
     PodInfo,
+    Slow,
     Status,
 )
 from aegis_flow.verify import Config, Kind, Report, TraceStep, Verdict, verify
@@ -396,3 +398,40 @@ def test_a_full_shared_disk_taken_for_node_faults_is_caught(
 def test_the_real_core_fails_the_job_for_its_storage() -> None:
     report = verify(Config(workers=2, max_retry=1, seq_bound=3))
     assert report.verdict("StorageFaultIsTheJobs").holds is True
+
+
+# ------------------------------------------------------------- (k) hang blame, slow eviction
+
+
+def test_blaming_the_rank_ahead_in_a_hang_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """B5 inverted: the rank whose counts are *ahead* (a peer waiting on the stuck one) is
+    charged."""
+    def ahead(activity: tuple[tuple[int, int, int], ...]) -> int | None:
+        counts = {r: (s, f) for r, s, f in activity}
+        return max(counts, key=counts.__getitem__) if len(counts) > 1 else None
+
+    monkeypatch.setattr(policy, "stopped_first", ahead)
+    verdict = violated(verify(POLICY_MODEL), "BlameIsEvidence")
+    last = verdict.trace[-1]
+    assert isinstance(last.event, HangWithQuit) and last.event.activity
+    assert_last_edge_violates(verdict)
+
+
+def test_evicting_a_slow_rank_when_it_is_marked_is_caught(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """T13e moved to the mark: the slow rank is evicted before any checkpoint (the progress
+    since the last one would be lost)."""
+    def evict_now(status: Status, ev: Slow) -> Any:
+        return machine._replace_worker(status, ev.rank, "slow", "T13e",
+                                       exit_code=ExitCode.SLOW_NODE_EVICTED)
+
+    monkeypatch.setattr(machine, "_on_slow", evict_now)
+    verdict = violated(verify(POLICY_MODEL), "EvictionOnlyAtCheckpoint")
+    assert isinstance(verdict.trace[-1].event, Slow)
+    assert_last_edge_violates(verdict)
+
+
+def test_the_real_core_evicts_only_at_a_checkpoint() -> None:
+    report = verify(POLICY_MODEL)
+    assert report.verdict("EvictionOnlyAtCheckpoint").holds is True
+    assert report.verdict("BlameIsEvidence").holds is True

@@ -52,7 +52,7 @@ CONTRACT: dict[int | str, tuple[bool, str]] = {
     0: (False, "succeeded"),
     70: (True, "node-fault"),
     71: (True, "container-restart"),
-    72: (False, "slow-node"),
+    72: (True, "slow-node"),
     73: (False, "job-failed"),
     74: (False, "stopped"),
     1: (False, "failed"),  # RunIndependent: the child's code

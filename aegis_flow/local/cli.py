@@ -66,6 +66,11 @@ def add_parsers(sub: Any) -> None:
                    help="seconds the last rank may still run after the first one finished; "
                    "then it is treated as hung and the job restarts from its checkpoint "
                    f"(default {MASTER.finish_lag:g})")
+    r.add_argument("--slow-window", type=float, default=MASTER.slow_window, metavar="SECONDS",
+                   help="a rank whose forwards take more than twice its peers' median for this "
+                   "long in a row is marked slow, and evicted (its node quarantined, exit 72) "
+                   "right after the next checkpoint, never before; --checkpoint-dir or "
+                   f"aegis_flow.checkpoint.done() says when (default {MASTER.slow_window:g})")
     r.add_argument("--no-prewarm", dest="prewarm", action="store_false",
                    help="start every run cold instead of forking Python commands from a "
                    "pre-warmed interpreter (slower restarts)")
@@ -96,6 +101,14 @@ def add_parsers(sub: Any) -> None:
                    help="set an environment variable for the worker on one node only, e.g. "
                    "local-node-1:AEGIS_SYSFS_ROOT=/mnt/host-sys (nodes are local-node-RANK, "
                    "local-node-RANK-N after a node-fault replacement); repeatable")
+    r.add_argument("--checkpoint-dir", default="", metavar="DIR",
+                   help="where the command's checkpoints are (it gets $AEGIS_CHECKPOINT_DIR): "
+                   "each completed one is reported to the master (the job's last safe step), "
+                   "and before every run the newest is verified, damaged ones are moved aside "
+                   "and DIR/aegis-resume points at the first good one ($AEGIS_RESUME_FROM)")
+    r.add_argument("--checkpoint-pattern", default="ckpt-*", metavar="GLOB",
+                   help="which names in --checkpoint-dir are checkpoints (default 'ckpt-*'; "
+                   "the largest number in a name is its step)")
     r.add_argument("--saver", default=None, metavar="CMD",
                    help="run a checkpoint saver/uploader beside training in every worker, "
                    "given as one shell-like string (split like a shell does, no shell runs "
@@ -188,10 +201,12 @@ def _run(a: argparse.Namespace) -> int:
                         job=a.job, namespace=a.namespace, nats_url=a.nats_url,
                         state_dir=a.state_dir, injections=tuple(a.inject),
                         connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout,
-                        finish_lag=a.finish_lag, metrics_port=a.metrics_port, progress=not a.quiet,
+                        finish_lag=a.finish_lag, slow_window=a.slow_window,
+                        metrics_port=a.metrics_port, progress=not a.quiet,
                         prewarm=a.prewarm, secure=not a.insecure_nats,
                         jwt_lifetime=a.jwt_lifetime, hang_after=hang[0], hang_quit_after=hang[1],
-                        give_up_on_repeat=a.give_up_on_repeat, rerun=a.rerun, saver=saver)
+                        give_up_on_repeat=a.give_up_on_repeat, rerun=a.rerun, saver=saver,
+                        checkpoint_dir=a.checkpoint_dir, checkpoint_pattern=a.checkpoint_pattern)
         check_local(cfg)
     except ConfigError as exc:
         return report(exc)

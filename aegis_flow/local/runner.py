@@ -55,7 +55,9 @@ if TYPE_CHECKING:
     from aegis_flow.local.natsserver import EmbeddedNats
     from aegis_flow.local.status import LastRun
 
-REPLACE_CODES = {int(ExitCode.NODE_FAULT), int(ExitCode.CONTAINER_RESTART)}
+REPLACE_CODES = {int(ExitCode.NODE_FAULT), int(ExitCode.CONTAINER_RESTART),
+                 int(ExitCode.SLOW_NODE_EVICTED)}
+NEW_NODE_CODES = {int(ExitCode.NODE_FAULT), int(ExitCode.SLOW_NODE_EVICTED)}
 # succeed, failed, conflict, independent, no NATS, a damaged stored status
 MASTER_DONE_CODES = {0, 1, 2, 3, 4, 5}
 INDEPENDENT_CODES = {3, 4}
@@ -77,6 +79,7 @@ class RunConfig:
     connect_timeout: float = MASTER.connect_timeout
     lost_timeout: float = MASTER.lost_timeout
     finish_lag: float = MASTER.finish_lag
+    slow_window: float = MASTER.slow_window
     heartbeat: float = WORKER.heartbeat_interval
     grace: float = WORKER.grace
     max_process_restarts: int = LOCAL.max_process_restarts
@@ -92,6 +95,8 @@ class RunConfig:
     hang_after: float | None = None  # the supervisors' hang thresholds (None: their defaults)
     hang_quit_after: float | None = None
     saver: tuple[str, ...] = ()  # a checkpoint saver every supervisor runs beside training
+    checkpoint_dir: str = ""  # the command's checkpoints: watched and gated (supervisor)
+    checkpoint_pattern: str = "ckpt-*"
     # extra environment for the supervisor on one node (and so its checks and command):
     # (node, NAME, value), e.g. ("local-node-1", "AEGIS_SYSFS_ROOT", "/mnt/host-sys")
     node_env: tuple[tuple[str, str, str], ...] = ()
@@ -266,6 +271,7 @@ class LocalJob:
                 c.namespace, "--workers", str(c.workers), "--max-retry", str(c.max_retry),
                 "--nats-url", self.url, "--connect-timeout", str(c.connect_timeout),
                 "--lost-timeout", str(c.lost_timeout), "--finish-lag", str(c.finish_lag),
+                "--slow-window", str(c.slow_window),
                 "--status-file", str((self.state_dir / "status.json").absolute()),
                 "--metrics-port", str(c.metrics_port), "--metrics-addr", "127.0.0.1",
                 "--port-file", str((self.state_dir / "metrics.port").absolute()),
@@ -317,6 +323,8 @@ class LocalJob:
                 "--work-dir", str(self.state_dir / "work"), *injects,
                 *([] if c.prewarm else ["--no-prewarm"]), *hang,
                 *(["--saver", shlex.join(c.saver)] if c.saver else []),
+                *(["--checkpoint-dir", os.path.abspath(c.checkpoint_dir), "--checkpoint-pattern",
+                   c.checkpoint_pattern] if c.checkpoint_dir else []),
                 *c.extra_worker_args, "--", *c.command]
 
     def _secure_nats(self) -> Path:
@@ -638,7 +646,7 @@ class LocalJob:
                 if not replaced or master_code is not None:
                     self.worker_codes[rank] = code
                     continue
-                if code == ExitCode.NODE_FAULT:
+                if code in NEW_NODE_CODES:  # its node is quarantined: the next one
                     self.node_gen[rank] = self.node_gen.get(rank, 0) + 1
                 self._restart(f"worker {rank}", code)
                 self.workers[rank] = _spawn(self._worker_args(rank), self._worker_env(rank))

@@ -51,10 +51,13 @@ def render(raw: bytes) -> str:
 
 
 def rank_state(pod: PodInfo) -> str:
-    """A rank's two flags in words: done with the current phase, being replaced, or at work."""
+    """A rank's flags in words: done with the current phase, being replaced, or at work (slow:
+    marked slow, evicted at the next checkpoint)."""
     if pod.restarting:
         return "restarting"
-    return "done" if pod.finished else "working"
+    if pod.finished:
+        return "done"
+    return "working, slow" if pod.slow else "working"
 
 
 def stopped_line(doc: dict[str, Any], phase: Phase) -> str:

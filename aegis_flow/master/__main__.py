@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--replace-timeout", type=float, default=MASTER.replace_timeout)
     ap.add_argument("--finish-lag", type=positive_seconds, default=MASTER.finish_lag,
                     help=_help("finish_lag"))
+    ap.add_argument("--slow-window", type=float, default=MASTER.slow_window,
+                    help=_help("slow_window"))
+    ap.add_argument("--slow-evict-within", type=positive_seconds,
+                    default=MASTER.slow_evict_within, help=_help("slow_evict_within"))
     ap.add_argument("--rendezvous-addr", default="127.0.0.1",
                     help="where rank 0 hosts each epoch's torch rendezvous (MASTER_ADDR of "
                     "every rank; default 127.0.0.1, one machine; 'rank0': the address rank "
@@ -142,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                        l3_after=a.l3_after,
                        connect_timeout=a.connect_timeout, lost_timeout=a.lost_timeout,
                        replace_timeout=a.replace_timeout, linger=a.linger,
-                       finish_lag=a.finish_lag,
+                       finish_lag=a.finish_lag, slow_window=a.slow_window,
+                       slow_evict_within=a.slow_evict_within,
                        outage_limit=a.outage_limit, resumed=a.resumed,
                        rendezvous_addr=a.rendezvous_addr,
                        rendezvous_port_base=a.rendezvous_port_base,

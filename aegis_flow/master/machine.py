@@ -60,6 +60,7 @@ from aegis_flow.master.model import (
     Rearm,
     Resume,
     Send,
+    Slow,
     Status,
     Stop,
     evolve,
@@ -224,9 +225,11 @@ def _replace_worker(
                            f"settled; retries {status.retries}", transition="B2"))
     pod = status.workers[rank]
     counted = pod.flaps >= status.flap_limit
-    if exit_code is ExitCode.NODE_FAULT and pod.node:  # a broken node stays broken
+    if exit_code in (ExitCode.NODE_FAULT, ExitCode.SLOW_NODE_EVICTED) and pod.node:
+        # a broken node stays broken; a slow one is never scheduled on again
         status = evolve(status, error_nodes=status.error_nodes | {pod.node})
-        effects.append(Quarantine(rank, pod.node))
+        effects.append(Quarantine(rank, pod.node, "slow" if exit_code is
+                                  ExitCode.SLOW_NODE_EVICTED else "hardware"))
     if counted:
         outcome = _count(status, rank, cause, row)
         if isinstance(outcome, tuple):
@@ -242,6 +245,7 @@ def _replace_worker(
         exit_code=exit_code,
         hanging=False,
         waiting=False,
+        slow=False,
     )
     status = _set(status, pod)
     note = " (counted: flap limit reached)" if counted else ""
@@ -321,8 +325,12 @@ def _dispatch(status: Status, event: Event, now: float) -> Result:
     if isinstance(event, CheckpointDone):
         if status.phase.terminal:
             return _ignore(status, Ignored.LATE, "checkpoint after the end")
-        return evolve(status, checkpoint_step=max(status.checkpoint_step, event.step)), [
-            Log(f"checkpoint at step {event.step}")]
+        if event.gated:
+            return evolve(status, checkpoint_step=event.step), [
+                Log(f"last safe checkpoint: step {event.step} (the integrity gate's choice)")]
+        return _on_checkpoint(status, event)
+    if isinstance(event, Slow):
+        return _on_slow(status, event)
     if isinstance(event, Lost):
         return _on_lost(status, event)
     if isinstance(event, Resume):
@@ -439,7 +447,8 @@ def _return_worker(status: Status, pod: PodInfo, *, new_incarnation: bool) -> Re
     """A restarting worker is back; T8 when every restarting worker is. A new container
     answers its open failure, a new node clears its history (policy V3)."""
     if new_incarnation:
-        pod = policy.answered(pod, new_node=pod.exit_code is ExitCode.NODE_FAULT)
+        pod = policy.answered(pod, new_node=pod.exit_code in (ExitCode.NODE_FAULT,
+                                                               ExitCode.SLOW_NODE_EVICTED))
     pod = evolve(pod, restarting=False, exit_code=None)
     status = _set(status, pod)
     if any(p.restarting for p in status.workers):
@@ -659,6 +668,31 @@ def _on_evidence(status: Status, ev: Error | HangWithQuit) -> Result:
                          f"{outcome.recover_count}", transition="B2")]
 
 
+def _on_checkpoint(status: Status, ev: CheckpointDone) -> Result:
+    """A checkpoint completed: the job's last safe step; the safe point a slow rank waits for
+    (T13e: evicted now, the lowest such rank, its node quarantined as slow)."""
+    status = evolve(status, checkpoint_step=max(status.checkpoint_step, ev.step))
+    note = Log(f"checkpoint at step {ev.step}")
+    slow = [p.rank for p in status.workers if p.slow and not p.finished and not p.restarting]
+    if status.phase is not Phase.RUNCOMMAND or not slow:
+        return status, [note]
+    status, effects = _replace_worker(status, slow[0], "slow", "T13e",
+                                      exit_code=ExitCode.SLOW_NODE_EVICTED)
+    return status, [note, *effects]
+
+
+def _on_slow(status: Status, ev: Slow) -> Result:
+    """T13s: mark a rank slow in RunCommand; nothing stops, nothing is counted."""
+    pod = status.workers[ev.rank]
+    if status.phase is not Phase.RUNCOMMAND or pod.finished or pod.restarting:
+        return _ignore(status, Ignored.LATE, f"Slow(rank {ev.rank}) in {status.phase.value}")
+    if pod.slow:
+        return _ignore(status, Ignored.DUPLICATE, f"rank {ev.rank} is already slow")
+    return _set(status, evolve(pod, slow=True)), [
+        Log(f"T13s: rank {ev.rank} is slow{f' ({ev.detail})' if ev.detail else ''}; it is "
+            "evicted right after the next checkpoint", level="warning", transition="T13s")]
+
+
 def _on_hang(status: Status, ev: Hang | HangWithQuit) -> Result:
     pod = status.workers[ev.rank]
     if status.phase is not Phase.RUNCOMMAND or pod.finished:
@@ -697,6 +731,7 @@ __all__ = [
     "Ack", "Broadcast", "CauseClass", "Charge", "CheckpointDone", "ConnectTimeout",
     "ControlPlaneBack", "Effect",
     "Error", "Event", "ExitCode", "ExitWorker", "FaultClass", "Finish", "Hang", "HangWithQuit",
+    "Slow",
     "Ignored",
     "LIVE_PHASES", "Log", "Lost", "MalformedEvent", "Order", "Outcome", "Persist", "Phase",
     "PodInfo", "Quarantine", "Rearm", "Resume", "Send", "Status", "Stop", "TERMINAL_PHASES",

@@ -90,6 +90,7 @@ class PodInfo:
     hanging: bool = False
     waiting: bool = False  # its hang report said the process sleeps (waiting on a peer)
     exit_code: ExitCode | None = None  # an exit it was told to make; re-sent until it returns
+    slow: bool = False  # marked slow during training (T13s): evicted right after a checkpoint
     # -- failure history (the policy's input; ``policy.py``) ---------------------------------
     failures: int = 0  # counted failures charged to this rank on its current node (escalation)
     cause: str = ""  # the cause code of its open failure ("" = none, or answered)
@@ -229,6 +230,16 @@ class Error:
 
 
 @dataclass(frozen=True, slots=True)
+class Slow:
+    """Rank ``rank`` trains slower than its peers for a sustained window (the runtime's
+    ``slowness.SlowDetector`` over the forward times heartbeats carry): mark it (T13s); it is
+    evicted right after the next checkpoint completes (T13e), never before."""
+
+    rank: int
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Lost:
     """Worker's heartbeats stopped (produced by the runtime's timer).
 
@@ -279,7 +290,11 @@ class Resume:
 
 @dataclass(frozen=True, slots=True)
 class CheckpointDone:
+    """A checkpoint of ``step`` is complete. ``gated``: the integrity gate's choice before a
+    resume (a newer one was damaged and moved aside): the job's last safe step is this one."""
+
     step: int
+    gated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,9 +311,9 @@ class Stop:
 
 Event = (
     Ack | Finish | Error | Lost | Hang | HangWithQuit | CheckpointDone | ConnectTimeout | Stop
-    | ControlPlaneBack | Resume
+    | ControlPlaneBack | Resume | Slow
 )
-WORKER_EVENTS = (Ack, Finish, Error, Lost, Hang, HangWithQuit)
+WORKER_EVENTS = (Ack, Finish, Error, Lost, Hang, HangWithQuit, Slow)
 SEQ_EVENTS = (Ack, Finish, Error, Hang, HangWithQuit)
 
 # --------------------------------------------------------------------------- effects
@@ -335,6 +350,7 @@ class ExitWorker:
 class Quarantine:
     rank: int
     node: str
+    reason: str = "hardware"  # or "slow" (T13e)
 
 
 @dataclass(frozen=True, slots=True)

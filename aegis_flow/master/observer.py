@@ -28,7 +28,8 @@ from aegis_flow.vocab import LEVEL_OF, Level
 #: a slow mark is no recovery level in the metrics' labels
 LEVEL_OF_FAULT = {f: ("" if lv is Level.MARK else lv.value) for f, lv in LEVEL_OF.items()}
 LEVEL_OF_EXIT = {m.ExitCode.NODE_FAULT: LEVEL_OF[m.FaultClass.HARDWARE].value,
-                 m.ExitCode.CONTAINER_RESTART: LEVEL_OF[m.FaultClass.CONTAINER].value}
+                 m.ExitCode.CONTAINER_RESTART: LEVEL_OF[m.FaultClass.CONTAINER].value,
+                 m.ExitCode.SLOW_NODE_EVICTED: LEVEL_OF[m.FaultClass.HARDWARE].value}
 RECOVERY = (m.Phase.TROUBLESHOOTING, m.Phase.RESTARTING)
 CHECKING = {m.Phase.BOOTCHECKING: "bootcheck", m.Phase.TROUBLESHOOTING: "troubleshoot"}
 
@@ -179,6 +180,12 @@ class Observer:
     def message(self, msg: p.Message, event: m.Event, now: float) -> None:
         """Before ``step``: remember the message; take the heartbeat's numbers."""
         self._msg, self._msg_event = msg, event
+        gate = msg.data.get("gate") if isinstance(event, m.CheckpointDone) else None
+        if isinstance(gate, list) and 0 <= msg.rank < self.n:  # the integrity gate's findings
+            phase = self.status.phase.value if self.status is not None else ""
+            for line in gate[:8]:
+                self._line("report", now, phase, f"checkpoint gate: {str(line)[:300]}",
+                           rank=msg.rank, cause="checkpoint", level="warning")
         if not isinstance(event, m.Ack) or not 0 <= msg.rank < self.n:
             return
         v, d = self.views[msg.rank], msg.data
@@ -256,9 +263,9 @@ class Observer:
                 if self.recovery is not None:
                     self.recovery = (*self.recovery[:2], higher(self.recovery[2], level))
             elif isinstance(e, m.Quarantine):
-                self._line("quarantine", now, after.phase.value, f"node {e.node} quarantined; "
-                           f"rank {e.rank} is rescheduled elsewhere", rank=e.rank,
-                           cause="hardware", level="L3")
+                self._line("quarantine", now, after.phase.value, f"node {e.node} quarantined "
+                           f"({e.reason}); rank {e.rank} is rescheduled elsewhere", rank=e.rank,
+                           cause=e.reason, level="L3")
         if after is before:
             return
         for b, a in zip(before.workers, after.workers, strict=True):

@@ -24,6 +24,7 @@ from aegis_flow.master import machine as m
 from aegis_flow.master import policy
 from aegis_flow.master.model import RDZV_RANK0, RDZV_SPAN, evolve
 from aegis_flow.master.placement import Placement, trusted_node
+from aegis_flow.master.slowness import SlowDetector
 from aegis_flow.master.store import KVStore, Store, StoreConflict, decode_doc, encode_doc
 from aegis_flow.settings import MASTER
 
@@ -64,6 +65,8 @@ class MasterConfig:
     decision_dir: str = ""
     progress_file: str = ""  # Argo's self-reported progress: "restarts used/max-retry"
     slow_fraction: float = 0.5  # a rank below this share of its peers' median is slow
+    slow_window: float = MASTER.slow_window  # ... this long in a row in training: T13s
+    slow_evict_within: float = MASTER.slow_evict_within  # no checkpoint this long: say so
     # observability (observer.py, http.py): None = no HTTP endpoint, 0 = a free port
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
@@ -161,6 +164,10 @@ class Master:
         # each rank's progress counts in its current run, as its heartbeats carry them: (seq of
         # the run, optimizer steps, forwards) — evidence attached to a hang report (B5)
         self.counts: dict[int, tuple[int, int, int]] = {}
+        # each rank's mean forward time (ms) in its current run: (seq, ms); slowness.py
+        self.forward_ms: dict[int, tuple[int, float]] = {}
+        self.slow = SlowDetector(cfg.slow_fraction, cfg.slow_window)
+        self._slow_since: dict[int, float] = {}  # rank → when the runtime first saw it slow
         self._timing = bool(os.environ.get("AEGIS_TIMING"))
         self.ready = False  # connected to NATS and the status loaded (/readyz)
         self.stopped_by = ""  # a signal asked the master to stop (request_stop)
@@ -347,7 +354,8 @@ class Master:
                 self.security.evict(effect.rank)
         elif isinstance(effect, m.Quarantine):
             self.stats["quarantined"] += 1
-            self._note(f"node {effect.node} of rank {effect.rank} quarantined", logging.WARNING)
+            self._note(f"node {effect.node} of rank {effect.rank} quarantined "
+                       f"({effect.reason})", logging.WARNING)
             if self.nodes is not None and effect.node:  # the client blocks: a worker thread
                 self.node_jobs.append(asyncio.get_running_loop().run_in_executor(
                     None, self._quarantine_node, effect))
@@ -356,7 +364,8 @@ class Master:
         """Label, taint and annotate the node on Kubernetes (k8s.ops; runs in a thread)."""
         from aegis_flow.k8s import ops
 
-        reason = f"hardware fault of rank {effect.rank}"
+        reason = f"{effect.reason} {'node' if effect.reason == 'slow' else 'fault'} of rank " \
+                 f"{effect.rank}"
         for r in ops.quarantine(self.nodes, [effect.node], reason=reason, now=time.time(),
                                 by=self.cfg.job):
             if r.error:
@@ -384,6 +393,9 @@ class Master:
         if (isinstance(steps, int) and isinstance(forwards, int) and not isinstance(steps, bool)
                 and not isinstance(forwards, bool) and steps >= 0 and forwards >= 0):
             self.counts[msg.rank] = (msg.seq, steps, forwards)
+        ms = progress.get("forward_ms")
+        if isinstance(ms, int | float) and not isinstance(ms, bool) and 0 < ms < 1e9:
+            self.forward_ms[msg.rank] = (msg.seq, float(ms))
 
     def _activity(self, seq: int) -> tuple[tuple[int, int, int], ...]:
         """Every rank's counts in the run of order ``seq`` (a count of an older run is not
@@ -548,6 +560,7 @@ class Master:
             return
         if await self._bound_the_finish(st, now):
             return
+        await self._watch_slow(st, now)
         if self.security is not None:
             self._count_refusals(self.security.counters())
         if self.store_down_since is not None or (
@@ -606,6 +619,34 @@ class Master:
         self._first_finish = None
         await self.apply(m.HangWithQuit(late[0], st.seq, waiting=False))
         return True
+
+    async def _watch_slow(self, st: m.Status, now: float) -> None:
+        """Slow ranks during training (slowness.py over the heartbeats' forward times): the
+        core marks one (Slow, T13s) and evicts it right after the next checkpoint (T13e)."""
+        for rank in list(self.slow.flagged):  # replaced, or its mark was refused: afresh
+            if not st.workers[rank].slow:
+                self.slow = self.slow.forget(rank)
+        for pod in st.workers:
+            if not pod.slow:
+                self._slow_since.pop(pod.rank, None)
+        if st.phase is not m.Phase.RUNCOMMAND:
+            return
+        samples = {r: ms for r, (seq, ms) in self.forward_ms.items()
+                   if seq == st.seq and not st.workers[r].finished}
+        self.slow, found = self.slow.observe(now, samples)
+        for rank, detail in found:
+            self.stats["slow_marked"] += 1
+            await self.apply(m.Slow(rank, detail))
+        for pod in self.status.workers:
+            if not pod.slow:
+                continue
+            since = self._slow_since.setdefault(pod.rank, now)
+            if now - since > self.cfg.slow_evict_within and since >= 0:
+                self._slow_since[pod.rank] = -1.0  # said once
+                self._note(f"rank {pod.rank} is slow and no checkpoint came within "
+                           f"{self.cfg.slow_evict_within:.0f} s: training goes on on the slow "
+                           "node (a slow node is better than lost progress); it is evicted "
+                           "right after the next checkpoint", logging.WARNING)
 
     async def _nats_error(self, exc: Exception) -> None:
         """While NATS is out the client fails twice a second: say it once per 30 s."""

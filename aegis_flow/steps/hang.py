@@ -148,6 +148,8 @@ class ProgressSocket:
         self.sock.bind(self.path)
         self.sock.setblocking(False)
         self.auto: AutoProgress | None = None
+        self._steps: list[int] = []
+        self.checkpoints: list[tuple[int, str]] = []  # (step, path) said done; caller pops
 
     def reset(self) -> None:
         """A new training process: its counts start from zero again."""
@@ -157,13 +159,28 @@ class ProgressSocket:
         return self.sock.fileno()
 
     def drain(self) -> list[int]:
-        """Every step number waiting in the socket, oldest first (malformed ones skipped)."""
-        steps: list[int] = []
+        """Every step number received since the last drain, oldest first (malformed ones
+        skipped); checkpoints and automatic counts go to ``checkpoints`` and ``auto``."""
+        self.poll()
+        steps, self._steps = self._steps, []
+        return steps
+
+    def poll(self) -> None:
+        """Read what is waiting in the socket into the buffers (a reader callback's job: a
+        checkpoint report is acted on at once, the steps wait for :meth:`drain`)."""
+        steps = self._steps
         while True:
             try:
-                raw = self.sock.recv(128)
-            except (BlockingIOError, InterruptedError):
-                return steps
+                raw = self.sock.recv(1024)
+            except (BlockingIOError, InterruptedError, OSError):
+                return
+            if raw.startswith(b"c "):  # aegis_flow.checkpoint.done(step, path)
+                _, _, rest = raw.partition(b" ")
+                number, _, where = rest.partition(b" ")
+                with contextlib.suppress(ValueError):
+                    if int(number) >= 0:
+                        self.checkpoints.append((int(number), where.decode(errors="replace")))
+                continue
             if raw.startswith(b"a "):
                 auto = AutoProgress.parse(raw)
                 if auto is not None:

@@ -71,7 +71,8 @@ def build_parser(prog: str = "aegis-flow worker") -> argparse.ArgumentParser:
                     help="NATS nkey seed file, for a server with nkey users "
                     "(env AEGIS_NATS_NKEY_SEED)")
     ap.add_argument("--hang-after", type=positive_seconds, default=WORKER.hang_after,
-                    metavar="SECONDS", help="no progress (progress.step() or output) for this "
+                    metavar="SECONDS", help="no progress (progress.step(), else the optimizer "
+                    "steps and forwards the pre-warmed interpreter counts, else output) for this "
                     "long: report a hang; the command keeps running (T13; default "
                     f"{WORKER.hang_after:g})")
     ap.add_argument("--hang-quit-after", type=positive_seconds, default=WORKER.hang_quit_after,
@@ -83,6 +84,15 @@ def build_parser(prog: str = "aegis-flow worker") -> argparse.ArgumentParser:
                     "upload.py --dir ckpt\": it gets CMD's environment, its "
                     "output is shown with [rank N saver], it is restarted 3 s after every "
                     "exit (0 included) and stopped when this worker exits")
+    ap.add_argument("--checkpoint-dir", default=env("AEGIS_CHECKPOINT_DIR", ""), metavar="DIR",
+                    help="where CMD's checkpoints are (env AEGIS_CHECKPOINT_DIR; CMD gets it "
+                    "too): rank 0 reports each completed one to the master and, before every "
+                    "run, verifies the newest (integrity gate), moves damaged ones aside and "
+                    "points DIR/aegis-resume at the first good one ($AEGIS_RESUME_FROM)")
+    ap.add_argument("--checkpoint-pattern", default="ckpt-*", metavar="GLOB",
+                    help="which names in --checkpoint-dir are checkpoints, newest = largest "
+                    "number in the name (default 'ckpt-*'; e.g. 'step_*' for "
+                    "torch.distributed.checkpoint directories)")
     ap.add_argument("--inject", action="append", default=[], metavar="SPEC",
                     help="fault injection for tests: crash:rank=R:after=5s, "
                     "exit:rank=R:code=3:after=8s (epoch=N|all selects the run epoch)")
@@ -124,7 +134,8 @@ def _parse(argv: list[str], prog: str) -> tuple[WorkerConfig, str]:
                        grace=a.grace, injections=injections, work_dir=a.work_dir,
                        prewarm=a.prewarm, nkey_seed=a.nkey_seed,
                        hang_after=a.hang_after, hang_quit_after=a.hang_quit_after,
-                       creds=a.creds, saver=a.saver)
+                       creds=a.creds, saver=a.saver, checkpoint_dir=a.checkpoint_dir,
+                       checkpoint_pattern=a.checkpoint_pattern)
     check_worker(cfg, master_connect_timeout=a.master_connect_timeout)
     return cfg, a.outcome_dir
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -39,7 +40,9 @@ from aegis_flow.steps.hang import HangWatchdog, ProgressSocket, collect_stacks, 
 from aegis_flow.supervisor import child as childmod
 from aegis_flow.supervisor.checks import bootcheck_or_troubleshoot
 from aegis_flow.supervisor.child import process_state
+from aegis_flow.supervisor.ckptwatch import Watch, newest_complete
 from aegis_flow.supervisor.inject import Injection, fired_marker
+from aegis_flow.supervisor.integrity import RESUME_LINK, checkpoint_number
 from aegis_flow.supervisor.prewarm import Zygote, start_zygote
 from aegis_flow.supervisor.saver import Saver, saver_env
 from aegis_flow.supervisor.stats import BeatClock, StepRate, gpu_type
@@ -74,6 +77,8 @@ class WorkerConfig:
     nkey_seed: str = ""  # NATS nkey seed file; needs nkeys (PyNaCl)
     creds: str = ""  # NATS credentials from worker-init (supervisor/creds.py); renewed
     saver: tuple[str, ...] = ()  # a checkpoint saver run beside training (saver.py); () none
+    checkpoint_dir: str = ""  # where the command's checkpoints are: watched, gated before a run
+    checkpoint_pattern: str = "ckpt-*"  # which names in it are checkpoints (a glob)
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
@@ -98,6 +103,10 @@ def lockout_exit_code(command_code: int | None) -> int:
     order: 0 when its command had succeeded, else 71, so the workflow recreates the pod (a new
     pod gets new credentials and rejoins as a new incarnation, which the master expects)."""
     return 0 if command_code == 0 else int(ExitCode.CONTAINER_RESTART)
+
+
+GATE_TIMEOUT = 300.0  # seconds for the checkpoint integrity gate before a run
+CHECKPOINT_SCAN = 1.0  # seconds between two looks at --checkpoint-dir while the command runs
 
 
 def _warn(text: str) -> None:
@@ -225,6 +234,9 @@ class Supervisor:
         self.child_starts = 0
         self.steps = StepRate()
         self.auto_steps = StepRate()  # optimizer steps the pre-warmed interpreter counted
+        self.ckpt_watch = Watch()  # the newest complete checkpoint seen in --checkpoint-dir
+        self.ckpt_said = -1  # the newest checkpoint step reported to the master
+        self._tasks: set[asyncio.Future[None]] = set()  # reports sent from a reader callback
         self.beats = BeatClock(cfg.heartbeat_interval)
         self.gpu_type = gpu_type()
         self.session: Any = None  # supervisor.creds.Session when --creds is given
@@ -395,10 +407,68 @@ class Supervisor:
             "MASTER_PORT": str(rdzv.get("port", os.environ.get("MASTER_PORT", "29500"))),
             "AEGIS_RESTART_COUNT": str(restart), "AEGIS_JOB": self.cfg.job,
             "PYTHONUNBUFFERED": "1", "AEGIS_WORK_DIR": os.path.abspath(self.cfg.work_dir),
+            "AEGIS_NODE": self.cfg.node,
         })
         if self.progress is not None:
             env["AEGIS_PROGRESS_SOCKET"] = self.progress.path
+        if self.cfg.checkpoint_dir:
+            where = os.path.abspath(self.cfg.checkpoint_dir)
+            env["AEGIS_CHECKPOINT_DIR"] = where
+            env["AEGIS_RESUME_FROM"] = os.path.join(where, RESUME_LINK)
         return env
+
+    async def _gate(self, env: dict[str, str], msg: p.Message | None) -> None:
+        """The checkpoint integrity gate before a run (rank 0, ``--checkpoint-dir``): verify
+        the newest checkpoint, move damaged ones aside, point ``aegis-resume`` at the first
+        good one, and tell the master (fault log). In the pre-warmed interpreter when it can
+        (torch is warm there), else cold; bounded; a gate that fails never stops the run."""
+        self._doing("verifying the checkpoint to resume from")
+        fd, out = tempfile.mkstemp(prefix=".aegis-gate-", suffix=".json")
+        os.close(fd)
+        os.unlink(out)
+        argv = [sys.executable, "-m", "aegis_flow.supervisor.integrity", "gate",
+                os.path.abspath(self.cfg.checkpoint_dir), "--pattern",
+                self.cfg.checkpoint_pattern, "--out", out]
+        result: dict[str, Any] = {}
+        why = "no way to start it"
+        try:
+            for start in self._check_starters():
+                try:
+                    proc = await start(argv, {**env, "AEGIS_PROGRESS_SOCKET": ""})
+                except OSError as exc:
+                    why = str(exc)
+                    continue
+                try:
+                    await wait_or_cancel(proc.wait(), GATE_TIMEOUT)
+                except asyncio.TimeoutError:
+                    await proc.stop(1.0)
+                    why = f"it did not finish within {GATE_TIMEOUT:.0f} s"
+                    break
+                except asyncio.CancelledError:
+                    await asyncio.shield(proc.stop(1.0))
+                    raise
+                try:
+                    with open(out) as fh:
+                        result = json.load(fh)
+                    break
+                except (OSError, ValueError) as exc:
+                    why = f"no result ({exc})"
+        finally:
+            if os.path.exists(out):
+                os.unlink(out)
+        if not result:
+            _warn(f"checkpoint gate: {why}; the run starts without it")
+            return
+        chosen = result.get("chosen")
+        if chosen or result.get("damaged") or result.get("error"):
+            for line in result.get("messages") or []:
+                _warn(f"checkpoint gate: {line}")
+        number = checkpoint_number(os.path.basename(chosen)) if chosen else None
+        if msg is not None and (result.get("damaged") or result.get("error")) and (
+                number is not None):
+            await self._publish(self._msg(p.MsgType.CHECKPOINT, msg.seq, {
+                "step": number, "path": chosen or "",
+                "gate": [str(m)[:300] for m in result.get("messages") or []][:8]}))
 
     async def _run_child(self, msg: p.Message | None) -> None:
         env = self.child_env(msg)
@@ -412,15 +482,20 @@ class Supervisor:
             await _await_rendezvous(env["MASTER_ADDR"], int(env["MASTER_PORT"]))
         if msg is not None and msg.seq != self.seq:
             return  # a newer order came while waiting: never start the command for this one
+        if self.cfg.checkpoint_dir and self.cfg.rank == 0:
+            # before rank 0 starts, so before any rank gets past the rendezvous it hosts
+            await self._gate(env, msg)
+            if msg is not None and msg.seq != self.seq:
+                return
+        if self.progress is not None:  # the new process counts from zero
+            self.progress.drain()
+            self.progress.reset()
         try:
             self.command_code = None  # until this run ends on its own
             self.child = await self._start(env)
             self.child_starts += 1
             self.steps.reset()
             self.auto_steps.reset()
-            if self.progress is not None:  # the new process counts from zero
-                self.progress.drain()
-                self.progress.reset()
         except OSError as exc:
             if msg is not None:
                 await self.report(p.MsgType.ERROR, {"cause": f"cannot start command: {exc}",
@@ -493,6 +568,7 @@ class Supervisor:
         seq, dog = self.seq, HangWatchdog(self.cfg.hang_after, self.cfg.hang_quit_after,
                                           started=time.time())
         reported: str | None = None
+        scanned = float("-inf")
         while child.running and self.seq == seq:
             await asyncio.sleep(min(1.0, self.cfg.hang_after / 4))
             now = time.time()
@@ -503,6 +579,17 @@ class Supervisor:
                 if self.progress.auto is not None:
                     dog = dog.observe_auto(now, self.progress.auto)
                     self.auto_steps.observe(now, self.progress.auto.steps)
+                said, self.progress.checkpoints = self.progress.checkpoints, []
+                for number, where in said:  # aegis_flow.checkpoint.done(step, path)
+                    await self._checkpoint_done(seq, number, where)
+            if (self.cfg.checkpoint_dir and self.cfg.rank == 0
+                    and now - scanned >= CHECKPOINT_SCAN):
+                scanned = now
+                found = await asyncio.get_running_loop().run_in_executor(
+                    None, newest_complete, self.cfg.checkpoint_dir, self.cfg.checkpoint_pattern)
+                self.ckpt_watch, news = self.ckpt_watch.news(found)
+                if news is not None:
+                    await self._checkpoint_done(seq, news[0], str(news[1]))
             if child.last_output is not None:
                 dog = dog.observe_output(child.last_output)
             level = dog.check(now)
@@ -529,6 +616,25 @@ class Supervisor:
                       "restart")
                 await self._publish(self._msg(p.MsgType.HANG_WITH_QUIT, seq, {
                     **data, "stacks": stacks[-4000:]}))
+
+    def _progress_ready(self) -> None:
+        """The progress socket is readable: buffer it; report a checkpoint said done now."""
+        if self.progress is None:
+            return
+        self.progress.poll()
+        said, self.progress.checkpoints = self.progress.checkpoints, []
+        for number, where in said:
+            self._tasks.add(task := asyncio.ensure_future(
+                self._checkpoint_done(self.seq, number, where)))
+            task.add_done_callback(self._tasks.discard)
+
+    async def _checkpoint_done(self, seq: int, number: int, where: str) -> None:
+        """Tell the master a checkpoint is complete (it records the job's last safe step)."""
+        if number <= self.ckpt_said:
+            return
+        self.ckpt_said = number
+        await self._publish(self._msg(p.MsgType.CHECKPOINT, seq, {"step": number,
+                                                                  "path": where[:300]}))
 
     def _check_starters(self) -> list[Any]:
         """Fork the checks from the pre-warmed interpreter if any, else start them cold."""
@@ -599,6 +705,8 @@ class Supervisor:
         with contextlib.suppress(OSError):
             self.progress = ProgressSocket(tempfile.mktemp(prefix="aegis-progress-",
                                                            suffix=".sock"))
+            # a checkpoint said done is reported at once (a slow rank is evicted right after)
+            asyncio.get_running_loop().add_reader(self.progress.fileno(), self._progress_ready)
         if self.cfg.prewarm:
             self.zygote = start_zygote(self.cfg.command, self.child_env(None),
                                        os.path.abspath(self.cfg.work_dir))
@@ -629,6 +737,8 @@ class Supervisor:
                 self.zygote.close()
                 self.zygote = None
             if self.progress is not None:
+                with contextlib.suppress(Exception):
+                    asyncio.get_running_loop().remove_reader(self.progress.fileno())
                 self.progress.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.drain(), 2)

@@ -26,6 +26,7 @@ import argparse
 import enum
 import fnmatch
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -395,6 +396,11 @@ def gate(directory: str | os.PathLike[str], pattern: str = DEFAULT_PATTERN, *,
     except OSError as exc:
         message = f"cannot read the checkpoint directory {root}: {_detail(exc)}"
         return GateResult(None, messages=(message,), error=message)
+    if found and importlib.util.find_spec("torch") is None:
+        # without torch every checkpoint would look unreadable: judge none, move none
+        message = (f"torch is not importable in {sys.executable}: no checkpoint in {root} was "
+                   "verified or moved")
+        return GateResult(None, messages=(message,), error=message)
     chosen: Path | None = None
     good: Verdict | None = None
     damaged: list[Damaged] = []
@@ -445,6 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "'step_*' for DCP directories)")
     g.add_argument("--json", action="store_true",
                    help="print the result as one JSON object (for a supervisor)")
+    g.add_argument("--out", metavar="FILE", default=None,
+                   help="also write that JSON object to FILE (the supervisor reads it there)")
     return parser
 
 
@@ -469,9 +477,11 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{verdict.reason}")
         return EXIT_GOOD if verdict.ok else EXIT_DAMAGED
     result = gate(args.directory, args.pattern, now=datetime.now(timezone.utc))
+    if args.out:
+        Path(args.out).write_text(_gate_json(result) + "\n")
     if args.json:
         print(_gate_json(result))
-    else:
+    elif not args.out:  # with --out the caller shows the messages
         for line in result.messages:
             print(line, file=sys.stderr if line == result.error else sys.stdout)
     return EXIT_DAMAGED if result.damaged or result.error else EXIT_GOOD

@@ -19,13 +19,15 @@ from aegis_flow.outcome import UNKNOWN as UNKNOWN
 from aegis_flow.outcome import outcome_of as outcome_of
 
 # exit codes the worker template's retryStrategy retries as a new pod (DESIGN.md §5)
-POD_RETRY_CODES: tuple[int, ...] = (int(ExitCode.NODE_FAULT), int(ExitCode.CONTAINER_RESTART))
+POD_RETRY_CODES: tuple[int, ...] = (int(ExitCode.NODE_FAULT), int(ExitCode.CONTAINER_RESTART),
+                                    int(ExitCode.SLOW_NODE_EVICTED))
 
 def worker_retry_expression() -> str:
     """Argo ``retryStrategy.expression`` of the worker template (expr syntax).
 
-    A pod that errored (node lost, pod deleted: no exit code) or exited node-fault or
-    container-restart is recreated; every other ending — success, job failed, stopped, the
+    A pod that errored (node lost, pod deleted: no exit code) or exited node-fault,
+    container-restart or slow-node (evicted at a checkpoint; its node quarantined by the
+    master) is recreated; every other ending — success, job failed, stopped, the
     user's own code in RunIndependent — is final for the pod.
     """
     codes = " || ".join(f"asInt(lastRetry.exitCode) == {c}" for c in POD_RETRY_CODES)

@@ -33,6 +33,7 @@ from functools import cache
 from aegis_flow.master.machine import (
     Ack,
     CauseClass,
+    CheckpointDone,
     ConnectTimeout,
     ControlPlaneBack,
     Error,
@@ -46,6 +47,7 @@ from aegis_flow.master.machine import (
     Phase,
     PodInfo,
     Resume,
+    Slow,
     Status,
     Stop,
 )
@@ -102,6 +104,7 @@ SYMPTOM_CODES = frozenset({Cause.SYMPTOM.value[1]})
 _RECOVERY = (Phase.BOOTCHECKING, Phase.TROUBLESHOOTING)
 _STOP = Stop(STOP_REASON)
 _TIMEOUT = ConnectTimeout()
+_CHECKPOINT = CheckpointDone(1)  # a checkpoint completes (its step is not in the spec)
 
 
 # Events are immutable values: each distinct one is built once (a frozen dataclass costs
@@ -188,6 +191,11 @@ def _hang_behind(w: int, seq: int, behind: int, workers: int) -> HangWithQuit:
     return HangWithQuit(w, seq, True, activity)
 
 
+@cache
+def _slow(w: int) -> Slow:
+    return Slow(w)
+
+
 def other_incarnation(incarnation: str | None) -> str:
     """The incarnation a replacement pod of a worker gets: the other one of "0"/"1"."""
     return "1" if incarnation == FIRST_INCARNATION else FIRST_INCARNATION
@@ -211,6 +219,8 @@ def events(status: Status, *, message_layer: bool,
             out.extend(_late_evidence(status, pod))
         if message_layer:
             out.extend(_message_layer_events(status, pod))
+    if phase is Phase.RUNCOMMAND and any(p.slow for p in status.workers):
+        out.append((Kind.NORMAL, _CHECKPOINT))  # the safe point a slow rank waits for (T13e)
     if phase is Phase.PENDING:
         out.append((Kind.NORMAL, _TIMEOUT))
     elif resume:
@@ -254,6 +264,8 @@ def _worker_events(status: Status, pod: PodInfo, message_layer: bool) -> list[tu
                 (n, _lost(w)), (n, new_pod)]
         out += [(Kind.SYMPTOM, _hang_behind(w, seq, r, len(status.workers)))
                 for r in range(len(status.workers)) if r != w]
+        if not pod.slow:  # T13s: marked once
+            out.append((n, _slow(w)))
         return out
     # Restarting, a worker that is not being replaced: it can still be lost or replaced.
     return [(n, _lost(w)), (n, new_pod)]

@@ -27,6 +27,8 @@ none of them reads (sound, see docs/verification.md):
 * ``error_nodes`` and ``stop_reason``: the quarantine set is written by T3/T10 and read by no
   decision of ``step`` (only the runtime acts on its Quarantine effect), and ``stop_reason`` is
   set only on the way into Failed;
+* ``checkpoint_step``: written by CheckpointDone and read by no decision of ``step`` (T13e
+  evicts on the event, not on the value; the runtime and the display read it);
 * ``blame`` and ``culprit`` (ranks) become a bit of the worker they name, so that symmetry can
   permute workers without losing who is suspected or charged;
 * a terminal status keeps only what the invariants and the dump read (see ``Encoder``).
@@ -34,7 +36,7 @@ none of them reads (sound, see docs/verification.md):
 Everything else is kept as it is: per worker its phase, finished, retries, restarting, whether
 it acked, flaps, hang marks (``hanging``, ``waiting``), the exit it was told to make, failures,
 the open cause (code and class) and the signature; per status phase, seq, recoverCount,
-shouldQuit, ran, checkpoint_step, ``replaced``, ``plan``, ``epoch`` and the policy's settings.
+shouldQuit, ran, ``replaced``, ``plan``, ``epoch`` and the policy's settings.
 ``tests/test_verify.py`` shows on concrete runs that each dropped field merges exactly the
 states it should (same verdicts, and the finer exploration re-keyed gives the coarser one).
 
@@ -141,7 +143,7 @@ class Encoder:
              pod.incarnation is None, pod.seq if self.exact else -1,
              fs == seq, fs == run, es == seq, es == run, pod.flaps, pod.hanging, pod.waiting,
              pod.exit_code, pod.failures, pod.cause, pod.cause_class, pod.signature,
-             r == blame, r == status.culprit, pod.shared if fs == seq else "")
+             r == blame, r == status.culprit, pod.shared if fs == seq else "", pod.slow)
         return self._intern(t)
 
     def mark(self, code: int) -> int:
@@ -163,9 +165,11 @@ class Encoder:
         ``run_seq`` (and whether a worker's results answer it) is kept only while a suspect is
         pending: it is read only then (late evidence, B2), a suspect is named only in
         RunCommand, and entering RunCommand overwrites ``run_seq`` with the new seq, newer than
-        every result: without a suspect its value is dead until it is overwritten."""
+        every result: without a suspect its value is dead until it is overwritten.
+        ``checkpoint_step`` is left out: no decision reads it (only the runtime and the
+        display do), so statuses that differ in it alone behave alike."""
         s = status
-        h = (s.phase._value_, s.seq, s.recover_count, s.should_quit, s.ran, s.checkpoint_step,
+        h = (s.phase._value_, s.seq, s.recover_count, s.should_quit, s.ran,
              s.run_seq if s.blame >= 0 else -2, s.replaced, s.plan, s.epoch,
              s.give_up_on_repeat, s.l2_after, s.l3_after, s.collective_after, s.rdzv_addr,
              s.rdzv_base, s.outage)
@@ -189,7 +193,7 @@ class Encoder:
                                             p.restarting, p.seq, p.exit_code, p.flaps,
                                             p.hanging, p.waiting, p.failures, p.cause,
                                             p.cause_class, p.signature, p.rank == blame,
-                                            p.rank == culprit))
+                                            p.rank == culprit, p.slow))
                               for p in status.workers])
 
     def codes(self, status: Status) -> list[int]:
@@ -550,7 +554,8 @@ def _b(flag: bool) -> str:
 
 #: the exit a worker was told to make, as the spec names it
 EXITS = {None: "none", ExitCode.NODE_FAULT: "node-fault",
-         ExitCode.CONTAINER_RESTART: "container-restart"}
+         ExitCode.CONTAINER_RESTART: "container-restart",
+         ExitCode.SLOW_NODE_EVICTED: "slow-evicted"}
 
 
 def cause_kind(pod: PodInfo) -> str:
@@ -594,6 +599,7 @@ def canonical(status: Status) -> str:
         f"failures=<<{','.join(str(p.failures) for p in pods)}>> "
         f"cause=<<{','.join(cause_kind(p) for p in pods)}>> "
         f"sig=<<{','.join(_b(bool(p.signature)) for p in pods)}>> "
+        f"slow=<<{','.join(_b(p.slow) for p in pods)}>> "
         f"blame={status.blame} culprit={status.culprit}"
     )
 

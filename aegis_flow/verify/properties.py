@@ -31,10 +31,12 @@ from aegis_flow.master import policy
 from aegis_flow.master.machine import (
     Ack,
     Broadcast,
+    CheckpointDone,
     ControlPlaneBack,
     Effect,
     Error,
     Event,
+    ExitCode,
     ExitWorker,
     Finish,
     HangWithQuit,
@@ -45,6 +47,7 @@ from aegis_flow.master.machine import (
     Phase,
     Quarantine,
     Send,
+    Slow,
     Status,
     current_order,
     evolve,
@@ -171,6 +174,8 @@ def _evidence_against(rank: int, kind: Kind, event: Event, old: Status, new: Sta
             return True  # its failed check: by its result, or by its history (V2)
     if isinstance(event, Finish) and pod.shared and pod.finish_seq == old.seq:
         return True  # its failed storage check, held for the others' (T3j), judged now
+    if isinstance(event, CheckpointDone) and pod.slow:
+        return True  # T13e: evicted at the safe point it waited for (its slow mark)
     if isinstance(event, HangWithQuit) and old.phase is Phase.RUNCOMMAND and _behind_all(
             rank, event.activity):
         return True  # B5: its progress counts are behind every peer's: it stopped first
@@ -279,6 +284,21 @@ def storage_fault_is_the_jobs(kind: Kind, event: Event, old: Status, new: Status
     return not touched
 
 
+def eviction_only_at_checkpoint(kind: Kind, event: Event, old: Status, new: Status,
+                                effects: list[Effect]) -> bool:
+    """T13e: a slow rank is evicted (exit 72) only on the edge of a completed checkpoint, and
+    only a rank marked slow before it; a slow mark itself stops, charges and moves nothing."""
+    evicted = [e.rank for e in effects if isinstance(e, ExitWorker)
+               and e.code is ExitCode.SLOW_NODE_EVICTED]
+    if evicted and not (isinstance(event, CheckpointDone)
+                        and all(old.workers[r].slow for r in evicted)):
+        return False
+    if isinstance(event, Slow) and new is not old:
+        return new.phase is old.phase and new.retries == old.retries and not any(
+            isinstance(e, ExitWorker | Quarantine | Broadcast) for e in effects)
+    return True
+
+
 TRANSITION_INVARIANTS: tuple[EdgeCheck, ...] = (
     ("MasterSeqNumMonotonic", master_seq_monotonic),
     ("NoFinishDoubleProcessed", no_finish_double_processed),
@@ -288,6 +308,7 @@ TRANSITION_INVARIANTS: tuple[EdgeCheck, ...] = (
     ("OutageCountsNothing", outage_counts_nothing),
     ("StorageFaultIsTheJobs", storage_fault_is_the_jobs),
     ("ResumeCountsNothing", resume_counts_nothing),
+    ("EvictionOnlyAtCheckpoint", eviction_only_at_checkpoint),
 )
 
 LIVENESS = ("NoDeadlock", "TerminationReachable", "NoEndlessRecovery", "FlakyRankRecovers",

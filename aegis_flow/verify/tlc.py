@@ -310,7 +310,7 @@ def canonical_line(*, phase: str, should_quit: bool, recover_count: int, seq: in
                    wseq: Sequence[int], restarting: Sequence[bool], exit: Sequence[str],
                    flaps: Sequence[int], hanging: Sequence[bool], waiting: Sequence[bool],
                    failures: Sequence[int], cause: Sequence[str], sig: Sequence[bool],
-                   blame: int, culprit: int) -> str:
+                   slow: Sequence[bool], blame: int, culprit: int) -> str:
     """The canonical line of ``aegis_flow.verify.explorer.canonical`` from its parts."""
     def seq_(items: Sequence[object]) -> str:
         return "<<" + ",".join(_b(i) if isinstance(i, bool) else str(i) for i in items) + ">>"
@@ -320,7 +320,7 @@ def canonical_line(*, phase: str, should_quit: bool, recover_count: int, seq: in
             f"retries={seq_(retries)} wseq={seq_(wseq)} restarting={seq_(restarting)} "
             f"exit={seq_(exit)} flaps={seq_(flaps)} hanging={seq_(hanging)} "
             f"waiting={seq_(waiting)} failures={seq_(failures)} cause={seq_(cause)} "
-            f"sig={seq_(sig)} blame={blame} culprit={culprit}")
+            f"sig={seq_(sig)} slow={seq_(slow)} blame={blame} culprit={culprit}")
 
 
 #: the worker fields of a canonical line: (name in the line, field of the spec's record, type)
@@ -328,7 +328,8 @@ POD_FIELDS: tuple[tuple[str, str, type], ...] = (
     ("inner", "phase", str), ("finished", "finished", bool), ("retries", "retries", int),
     ("wseq", "seq", int), ("restarting", "restarting", bool), ("exit", "exit", str),
     ("flaps", "flaps", int), ("hanging", "hanging", bool), ("waiting", "waiting", bool),
-    ("failures", "failures", int), ("cause", "cause", str), ("sig", "sig", bool))
+    ("failures", "failures", int), ("cause", "cause", str), ("sig", "sig", bool),
+    ("slow", "slow", bool))
 
 
 def _worker_order(name: str) -> tuple[int, str]:
