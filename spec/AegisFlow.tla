@@ -128,6 +128,7 @@ Broadcast(s, ph, keep) ==
                                                  !.finished = FALSE,
                                                  !.hanging = FALSE,
                                                  !.waiting = FALSE,
+                                                 !.slow = FALSE,
                                                  !.finRun = @ /\ keepRun,
                                                  !.errRun = @ /\ keepRun]]]
 

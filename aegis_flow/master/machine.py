@@ -109,17 +109,20 @@ def _broadcast(
 ) -> Result:
     """Enter ``phase``: bump seq, reset every worker's round and broadcast the phase's order.
 
-    Every new round clears ``finished`` and the hang marks (training stops on every order but
-    run); entering Restarting keeps each worker's inner phase (DESIGN.md, PhaseConsistency).
+    Every new round clears ``finished``, the hang marks and the slow marks (training stops on
+    every order but run; a slow mark lasts for the run it was made in, and the runtime marks a
+    still-slow rank again after its window); entering Restarting keeps each worker's inner
+    phase (DESIGN.md, PhaseConsistency).
     """
     seq = status.seq + 1
     if keep_restarting_phase:
-        workers = tuple(p if not (p.finished or p.hanging) else
-                        evolve(p, finished=False, hanging=False, waiting=False)
+        workers = tuple(p if not (p.finished or p.hanging or p.slow) else
+                        evolve(p, finished=False, hanging=False, waiting=False, slow=False)
                         for p in status.workers)
     else:
-        workers = tuple(p if p.phase is phase and not (p.finished or p.hanging) else
-                        evolve(p, phase=phase, finished=False, hanging=False, waiting=False)
+        workers = tuple(p if p.phase is phase and not (p.finished or p.hanging or p.slow) else
+                        evolve(p, phase=phase, finished=False, hanging=False, waiting=False,
+                               slow=False)
                         for p in status.workers)
     new = evolve(status, phase=phase, seq=seq, workers=workers)
     # the order's payload is fixed now, from the status alone (policy.order_data)

@@ -166,6 +166,14 @@ def _arm_progress(env: dict[str, str]) -> bool:
     return True
 
 
+# The script's globals (and an exception's frames) are kept until os._exit: freeing them when
+# runpy returns ran the destructors of a DDP model there, and ~ProcessGroupGloo joined a gloo
+# thread that was waiting for the GIL the destructor held — a process that never exited
+# (seen with py-spy, torch 2.13). The child ends with os._exit: never freeing them loses
+# nothing.
+_KEEP: list[object] = []
+
+
 def _child(req: dict[str, object], out_fd: int, sock: socket.socket) -> None:
     """In the forked child: become the training process. Never returns."""
     code = 1
@@ -202,13 +210,14 @@ def _child(req: dict[str, object], out_fd: int, sock: socket.socket) -> None:
             # as in a cold `python -m`: the module itself runs fresh as __main__ (a copy warmed
             # here would make runpy warn); what it imports stays warm
             sys.modules.pop(argv[2], None)
-            runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+            _KEEP.append(runpy.run_module(argv[2], run_name="__main__", alter_sys=True))
         else:
             sys.argv = argv[1:]
             sys.path[0] = os.path.dirname(os.path.abspath(argv[1]))
-            runpy.run_path(argv[1], run_name="__main__")
+            _KEEP.append(runpy.run_path(argv[1], run_name="__main__"))
         code = 0
     except SystemExit as exc:
+        _KEEP.append(exc)
         if exc.code is None:
             code = 0
         elif isinstance(exc.code, int):
@@ -217,6 +226,7 @@ def _child(req: dict[str, object], out_fd: int, sock: socket.socket) -> None:
             sys.stderr.write(f"{exc.code}\n")
             code = 1
     except BaseException as exc:  # noqa: BLE001 - report like the interpreter would
+        _KEEP.append(exc)
         sys.stderr.write(user_traceback(exc))
         code = 1
     finally:
