@@ -184,7 +184,10 @@ def test_the_recorded_timeline_draws(tmp_path: Path) -> None:
     lo, hi = recovery_window(tl)  # type: ignore[misc]
     first_fault = min(mk.at for mk in tl.marks if mk.kind == "fault")
     healed = min(mk.at for mk in tl.marks if mk.kind == "recovered" and mk.at >= first_fault)
-    assert lo < first_fault < healed < hi <= tl.end
+    # (the fault log keeps milliseconds: in this fast in-process job the fault and the
+    # recovery can share one, as a clean-clone CI run showed)
+    assert lo <= first_fault <= healed <= hi <= tl.end and lo < hi
+    assert lo < first_fault or lo == 0.0  # padded before the fault, unless the log began there
     import matplotlib.image
 
     rows, _, _ = matplotlib.image.imread(str(out)).shape
