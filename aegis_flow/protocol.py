@@ -32,6 +32,7 @@ class MsgType(enum.Enum):
     HANG_WITH_QUIT = "HangWithQuit"
     CHECKPOINT = "Checkpoint"
     STOP = "Stop"  # operator request (aegis-flow stop)
+    MARK = "Mark"  # master → every worker: the ranks of this run marked hung (SetIsHanging)
 
 
 MAX_STEP = 2**53  # the largest step a JSON number holds exactly (review F8: 10^30 stuck)
@@ -183,7 +184,9 @@ def check_sender(msg: Message, sender: int | None) -> None:
 
 
 def to_event(msg: Message) -> m.Event:
-    """A worker or operator message as a state-machine event (ProtocolError if it is none)."""
+    """A worker or operator message as a state-machine event (ProtocolError if it is none).
+    An operator's Hang/HangWithQuit (``aegis-flow hang``) comes on the control subject; the
+    runtime gives it the current run's seq."""
     t = msg.type
     if t is MsgType.ACK:
         if not msg.incarnation:

@@ -39,6 +39,7 @@ from aegis_flow.master.machine import (
     Ignored,
     Log,
     Lost,
+    Mark,
     Order,
     Outcome,
     Phase,
@@ -258,9 +259,17 @@ def test_t13_hang_marks_only() -> None:
     assert broadcasts(effects) == []
     assert transitions(effects) == ["T13"]
     assert inner_phases(status) == (Phase.RUNCOMMAND,) * 3
-    # Marked again: nothing changes.
+    # every worker is told which ranks of this run are marked (SetIsHanging)
+    assert [e for e in effects if isinstance(e, Mark)] == [Mark((0,), before.seq)]
+    # Marked again: nothing changes, nothing is re-sent.
     again = step(status, Hang(0, status.seq))
-    assert again[0] is status
+    assert again[0] is status and not [e for e in again[1] if isinstance(e, Mark)]
+    # a second rank: the mark names both
+    status, effects = step(status, Hang(2, status.seq, waiting=True))
+    assert [e for e in effects if isinstance(e, Mark)] == [Mark((0, 2), before.seq)]
+    # a new round clears the marks
+    status, _ = step(status, HangWithQuit(0, status.seq))
+    assert not any(p.hanging for p in status.workers)
 
 
 # ------------------------------------------------------------------ T7, flap guard, T7p, T8

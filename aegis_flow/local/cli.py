@@ -154,6 +154,27 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("--reason", default="stopped by an operator")
     t.set_defaults(handler=_stop)
 
+    h = sub.add_parser(
+        "hang", help="mark one rank of a running job hung by hand (T13; --quit: restart it)",
+        description="Mark rank RANK of a running job hung, as its own watchdog would (T13): "
+        "the master records the mark and tells every worker (each keeps its process and names "
+        "the frame it is in; the frames go to the fault log and `status`). Nothing is killed "
+        "or counted. With --quit the rank is reported hung for good (T14): it is charged one "
+        "failure and every rank restarts from the last checkpoint. Only while the command "
+        "runs (RunCommand).")
+    h.add_argument("job", type=job_name)
+    h.add_argument("rank", type=non_negative_int)
+    h.add_argument("--quit", action="store_true",
+                   help="escalate: charge the rank and restart the job's ranks (T14)")
+    h.add_argument("--namespace", type=job_name, default="default")
+    h.add_argument("--state-dir", type=Path, default=Path(".aegis"))
+    h.add_argument("--nats-url")
+    h.add_argument("--auth-dir", type=Path,
+                   help="with --nats-url in operator mode (a cluster job): the aegis-auth "
+                   "Secret's files; a short-lived user is minted with its signing key")
+    h.add_argument("--reason", default="marked by an operator")
+    h.set_defaults(handler=_hang)
+
 
 def _worker(args: list[str]) -> int:
     from aegis_flow.supervisor.__main__ import main
@@ -397,4 +418,64 @@ def _stop(a: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     print(f"asked job {a.namespace}/{a.job} to stop")
+    return 0
+
+
+def _hang(a: argparse.Namespace) -> int:
+    """``aegis-flow hang JOB RANK``: check the rank and phase against the stored status, then
+    send the operator's Hang (or HangWithQuit) on the job's control subject."""
+    import time
+
+    from aegis_flow.master.store import decode_doc
+    from aegis_flow.vocab import Phase
+
+    def fail(text: str, code: int) -> int:
+        print(f"aegis-flow hang: {text}", file=sys.stderr)
+        return code
+
+    ended = _ended(a)
+    if ended is not None:
+        return fail(ended, 1)
+    url = _url(a)
+    if url is None:
+        return fail(f"no NATS URL for job {a.job!r}; pass --nats-url", 2)
+    subjects = p.Subjects(a.namespace, a.job)
+    auth = _auth_options(a, subjects)
+    kind = p.MsgType.HANG_WITH_QUIT if a.quit else p.MsgType.HANG
+    msg = p.Message(job=a.job, namespace=a.namespace, pod_name="operator", type=kind,
+                    rank=a.rank, data={"reason": a.reason[:200]}, timestamp=time.time())
+
+    async def send() -> str | None:
+        from aegis_flow.local.runs import connect_quietly, read_stored_status
+
+        raw = await read_stored_status(url, subjects, auth)
+        if raw is None:
+            return f"no job {a.namespace}/{a.job} on {url}"
+        status, _ = decode_doc(raw)
+        if not a.rank < len(status.workers):
+            return (f"job {a.job!r} has ranks 0..{len(status.workers) - 1}; there is no "
+                    f"rank {a.rank}")
+        if status.phase is not Phase.RUNCOMMAND:
+            return (f"job {a.job!r} is in {status.phase.value}: a hang mark means something "
+                    "only while the command runs (RunCommand)")
+        nc = await connect_quietly(url, auth)
+        await nc.publish(subjects.control, msg.encode())
+        await nc.flush()
+        await nc.close()
+        return None
+
+    try:
+        problem = asyncio.run(send())
+    except ValueError as exc:
+        return fail(f"the stored status of {a.job!r} is unreadable: {exc}", 1)
+    except Exception as exc:  # noqa: BLE001
+        return fail(f"cannot reach NATS at {url}: {str(exc) or type(exc).__name__}", 2)
+    if problem is not None:
+        return fail(problem, 1)
+    if a.quit:
+        print(f"reported rank {a.rank} of {a.namespace}/{a.job} hung for good: it is charged "
+              "and the ranks restart (T14)")
+    else:
+        print(f"marked rank {a.rank} of {a.namespace}/{a.job} hung: every worker is told; "
+              "nothing is killed (see `aegis-flow status` and the fault log)")
     return 0

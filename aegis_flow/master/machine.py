@@ -51,6 +51,7 @@ from aegis_flow.master.model import (
     Log,
     Lost,
     MalformedEvent,
+    Mark,
     Order,
     Outcome,
     Persist,
@@ -725,9 +726,11 @@ def _on_hang(status: Status, ev: Hang | HangWithQuit) -> Result:
         return _suspect(status, ev.rank, "hang while waiting", "T14s")
     if pod.hanging and pod.waiting == ev.waiting:  # T13, idempotent
         return _ignore(status, Ignored.DUPLICATE, f"rank {ev.rank} is already marked hanging")
-    return _set(status, evolve(pod, hanging=True, waiting=ev.waiting)), [
+    status = _set(status, evolve(pod, hanging=True, waiting=ev.waiting))
+    return status, [
         Log(f"T13: rank {ev.rank} looks hung{' (waiting)' if ev.waiting else ''}; process kept",
-            level="warning", transition="T13")]
+            level="warning", transition="T13"),
+        Mark(tuple(p.rank for p in status.workers if p.hanging), status.seq)]
 
 
 __all__ = [
@@ -736,7 +739,7 @@ __all__ = [
     "Error", "Event", "ExitCode", "ExitWorker", "FaultClass", "Finish", "Hang", "HangWithQuit",
     "Slow",
     "Ignored",
-    "LIVE_PHASES", "Log", "Lost", "MalformedEvent", "Order", "Outcome", "Persist", "Phase",
+    "LIVE_PHASES", "Log", "Lost", "MalformedEvent", "Mark", "Order", "Outcome", "Persist", "Phase",
     "PodInfo", "Quarantine", "Rearm", "Resume", "Send", "Status", "Stop", "TERMINAL_PHASES",
     "current_order",
     "evolve", "initial_status", "step",

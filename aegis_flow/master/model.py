@@ -354,6 +354,15 @@ class Quarantine:
 
 
 @dataclass(frozen=True, slots=True)
+class Mark:
+    """Tell every worker which ranks of run ``seq`` are marked hung (the article's
+    SetIsHanging): each keeps its process, notes the mark and names the frame it is in."""
+
+    hanging: tuple[int, ...]
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
 class Persist:
     """Store the new status (after every transition)."""
 
@@ -379,7 +388,7 @@ class Log:
     transition: str = ""  # the table row, e.g. "T5"
 
 
-Effect = Broadcast | Send | ExitWorker | Quarantine | Persist | Log | Rearm
+Effect = Broadcast | Send | ExitWorker | Quarantine | Persist | Log | Rearm | Mark
 
 
 class MalformedEvent(ValueError):

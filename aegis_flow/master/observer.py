@@ -108,6 +108,7 @@ class WorkerView:
     child_restarts: int = 0
     doing: str = ""  # what the supervisor says it is busy with (display only)
     doing_for: float = 0.0
+    mark: tuple[int, str] = (-1, "")  # (seq, frame): where it was when the job was marked hung
 
 
 class Observer:
@@ -202,6 +203,14 @@ class Observer:
         v.doing_for = _num(d.get("doing_for")) or 0.0
         restarts = _num(d.get("child_restarts"))
         v.child_restarts = int(restarts) if restarts is not None else v.child_restarts
+        mark = d.get("hang_mark")
+        if isinstance(mark, dict) and v.mark[0] != msg.seq:  # the first beat after the mark
+            frame = str(mark.get("frame") or "")[:200]
+            v.mark = (msg.seq, frame)
+            phase = self.status.phase.value if self.status is not None else ""
+            self._line("report", now, phase, "the job is marked hung; this rank is in "
+                       f"{frame or 'a frame py-spy could not read'}", rank=msg.rank,
+                       cause="hang_mark")
         if self.metrics is None:
             return
         g = self._beat_gauges.get(msg.rank)
@@ -309,7 +318,8 @@ class Observer:
             "workers": [{"rank": pod.rank, "phase": pod.phase.value, "retries": pod.retries,
                          "node": pod.node, "step_rate": v.step_rate, "step": v.step,
                          "child_restarts": v.child_restarts, "doing": v.doing,
-                         "doing_for": v.doing_for}
+                         "doing_for": v.doing_for,
+                         "frame": v.mark[1] if v.mark[0] == st.seq else ""}
                         for pod, v in zip(st.workers, self.views, strict=True)]}
 
     # -- the parts of transition ------------------------------------------------------------

@@ -352,6 +352,11 @@ class Master:
             await self._publish(self.subjects.worker(effect.rank), effect, now)
             if self.security is not None:  # its successor gets new credentials
                 self.security.evict(effect.rank)
+        elif isinstance(effect, m.Mark):  # SetIsHanging: every worker notes the mark
+            await self.nc.publish(self.subjects.broadcast, p.Message(
+                job=self.cfg.job, namespace=self.cfg.namespace, pod_name="master",
+                type=p.MsgType.MARK, seq=effect.seq, data={"hanging": list(effect.hanging)},
+                timestamp=now).encode())
         elif isinstance(effect, m.Quarantine):
             self.stats["quarantined"] += 1
             self._note(f"node {effect.node} of rank {effect.rank} quarantined "
@@ -464,11 +469,19 @@ class Master:
             self._dropped("invalid", f"a checkpoint at step {event.step}: beyond every step "
                           f"the ranks have reported ({self._steps_seen()})")
             return
+        by_operator = subject is not None and subject == self.subjects.control
         if isinstance(event, m.CheckpointDone | m.Stop):
             pass
         elif not 0 <= msg.rank < self.cfg.workers:
             self._dropped("invalid", f"a message from unknown rank {msg.rank!r}")
             return
+        elif by_operator and isinstance(event, m.Hang | m.HangWithQuit):
+            # aegis-flow hang JOB RANK: the operator means the run going on now
+            event = dataclasses.replace(event, seq=self.status.seq, waiting=False)
+            self._note(f"an operator marks rank {event.rank} hung"
+                       f"{' and asks to restart it' if isinstance(event, m.HangWithQuit) else ''}"
+                       f" ({str(msg.data.get('reason', ''))[:200] or 'no reason given'})",
+                       logging.WARNING)
         else:
             self.last_seen[msg.rank] = time.monotonic()
             if self.status.outage:  # a worker is heard again: the control plane is back

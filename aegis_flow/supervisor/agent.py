@@ -245,6 +245,11 @@ class Supervisor:
         self.doing = ""
         self.doing_since = time.monotonic()
         self.saver: Saver | None = None  # --saver: started and closed by run()
+        # the master's hang mark of the current run (SetIsHanging): the ranks marked, and the
+        # frame this rank's process was in when the mark came (heartbeats carry both)
+        self.marked: tuple[int, ...] = ()
+        self.marked_seq = -1
+        self.marked_frame = ""
 
     # -- messages ---------------------------------------------------------------------------
     def _msg(self, mtype: p.MsgType, seq: int, data: dict[str, Any]) -> p.Message:
@@ -288,6 +293,8 @@ class Supervisor:
                 "progress": (self.progress.auto.beat() if running and self.progress is not None
                              and self.progress.auto is not None else None),
                 "doing_for": round(time.monotonic() - self.doing_since, 1),
+                **({"hang_mark": {"ranks": list(self.marked), "frame": self.marked_frame}}
+                   if self.marked and self.marked_seq == self.seq else {}),
                 **({"saver": self.saver.data()} if self.saver is not None else {})}
 
     def _step_rate(self) -> float | None:
@@ -312,6 +319,11 @@ class Supervisor:
             msg = p.decode(raw, job=self.cfg.job, namespace=self.cfg.namespace)
         except p.ProtocolError as exc:
             _warn(f"ignored a bad order: {exc.reason}")
+            return
+        if msg.type is p.MsgType.MARK and msg.pod_name == "master":
+            # a task: the stack dump must not hold up the orders behind it
+            self._tasks.add(task := asyncio.ensure_future(self._on_mark(msg)))
+            task.add_done_callback(self._tasks.discard)
             return
         if msg.type is not p.MsgType.ORDER or msg.pod_name != "master":
             return
@@ -345,6 +357,30 @@ class Supervisor:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.activity
         self.activity = asyncio.ensure_future(self._obey(order, msg))
+
+    async def _on_mark(self, msg: p.Message) -> None:
+        """The master marks ranks of this run hung (SetIsHanging): every process is kept; this
+        rank notes the mark and names the frame its own process is in (the evidence of every
+        rank, not only of the one whose watchdog fired)."""
+        ranks = msg.data.get("hanging")
+        if msg.seq != self.seq or not isinstance(ranks, list) or not all(
+                isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+            return  # another run's mark, or not a mark
+        self._heard_master()
+        marked = tuple(sorted(set(ranks)))[:64]
+        if marked == self.marked and self.marked_seq == msg.seq:
+            return
+        self.marked, self.marked_seq = marked, msg.seq
+        frame = ""
+        child = self.child
+        if child is not None and child.running:
+            stacks = await asyncio.get_running_loop().run_in_executor(
+                None, collect_stacks, child.pid)
+            frame = top_frame(stacks) or ""
+        self.marked_frame = frame[:200]
+        who = ", ".join(str(r) for r in marked)
+        _warn(f"the job is marked hung (rank{'s' if len(marked) > 1 else ''} {who}): every "
+              "process is kept" + (f"; this rank is in {frame}" if frame else ""))
 
     async def _stop_child(self) -> None:
         if self.child is not None and self.child.running:
