@@ -21,6 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from aegis_flow.settings import MASTER
+
 # a Kubernetes object name (RFC 1123 label); Workflow names get a generated suffix, so keep room
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # a Secret name or a DNS name (RFC 1123 subdomain)
@@ -30,6 +32,7 @@ _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _OPERATORS = ("Exists", "Equal")
 
 DEFAULT_AEGIS_IMAGE = "ghcr.io/aegis-flow/aegis-flow:0.1.0"
+SLOW_WINDOW = int(MASTER.slow_window)  # the master's default (settings.MASTER)
 
 
 def _is_ip(text: str) -> bool:
@@ -132,6 +135,10 @@ class JobSpec(BaseModel):
     checkpoint_dir: str = "/checkpoints"
     connect_timeout: int = 900  # every rank acks within this, or the ranks run on their own
     replace_timeout: int = 900  # a replaced rank is back within this, or the job stops
+    # seconds a rank's forwards must take more than twice its peers' median, in a row, before
+    # the master marks it slow (T13s; evicted right after the next checkpoint, T13e): the
+    # master's --slow-window, rendered only when it differs from the master's default
+    slow_window: int = SLOW_WINDOW
     # zero intrusion: an init container copies the supervisor bundle into the pod and the
     # worker runs it with the image's own Python; False: the image has aegis-flow installed
     inject_supervisor: bool = True
@@ -291,6 +298,14 @@ class JobSpec(BaseModel):
         if not 10 <= v <= 7 * 24 * 3600:
             raise ValueError(f"timeout ({v} s) must be between 10 s and 7 days: a pod needs "
                              "time to be scheduled, pull its image and run its init containers")
+        return v
+
+    @field_validator("slow_window")
+    @classmethod
+    def _slow_window(cls, v: int) -> int:
+        if not 0 <= v <= 7 * 24 * 3600:
+            raise ValueError(f"slow_window ({v} s) must be between 0 s (mark at once) and "
+                             f"7 days (the master's default: {SLOW_WINDOW} s)")
         return v
 
     @field_validator("active_deadline_seconds", "ttl_seconds_after_completion")

@@ -33,6 +33,7 @@ class MsgType(enum.Enum):
     CHECKPOINT = "Checkpoint"
     STOP = "Stop"  # operator request (aegis-flow stop)
     MARK = "Mark"  # master → every worker: the ranks of this run marked hung (SetIsHanging)
+    SAVE = "Save"  # master → every worker: a fault-tolerance checkpoint round is asked for
 
 
 MAX_STEP = 2**53  # the largest step a JSON number holds exactly (review F8: 10^30 stuck)

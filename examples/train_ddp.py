@@ -73,6 +73,11 @@ try:  # optional progress hook for the aegis-flow hang detector
 except ImportError:
     _progress = None
 
+try:  # optional: a fault-tolerance checkpoint round the aegis-flow master asks for
+    from aegis_flow.checkpoint import requested as _requested
+except ImportError:
+    _requested = None  # type: ignore[assignment, unused-ignore]
+
 try:  # optional checkpoint manifests (--keep K > 1) for the aegis-flow integrity gate
     from aegis_flow.supervisor import integrity as _integrity
 except ImportError:
@@ -314,6 +319,13 @@ def main(argv: list[str] | None = None) -> int:
                 if args.keep > 1:
                     save_kept(ckpt_path.parent, step, model, opt, args.keep)
                 save_checkpoint(ckpt_path, step, model, opt)
+        elif rank == 0 and _requested is not None and (run_id := _requested()):
+            # asked for before a slow rank is evicted: save now, not at the next period (the
+            # replicas are equal after opt.step(), so rank 0 saves alone, without a barrier)
+            print(f"step {step}: checkpoint round {run_id}", flush=True)
+            if args.keep > 1:
+                save_kept(ckpt_path.parent, step, model, opt, args.keep)
+            save_checkpoint(ckpt_path, step, model, opt)
         if args.step_time > 0:
             time.sleep(args.step_time)
 

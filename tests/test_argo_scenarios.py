@@ -12,6 +12,7 @@ parameters and its log) and the nodes' labels.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -196,6 +197,56 @@ def test_a_gpu_lost_after_training_for_a_while_moves_only_that_pod(tmp_path: Pat
     # the master had quarantined it already: the step records that, and changes nothing
     assert '"already-quarantined"' in outputs(step)["record"], outputs(step)
     assert [p["displayName"] for p in pods_of(r, "run(0:0)")] == ["run(0:0)(0)"]
+
+
+def test_a_slow_node_is_evicted_right_after_the_next_checkpoint_and_the_rank_moves(
+        tmp_path: Path) -> None:
+    """Rank 1's first node is slow: every forward of its model takes 60 ms longer (a
+    throttled node; ``FAULT=slow:1:60``, its first pod only). The master marks it slow after
+    the job's 3 s ``slow_window`` (T13s) and keeps training until the next checkpoint
+    completes (rank 0's supervisor sees ``ckpt-<step>.pt`` in the shared claim), then evicts
+    it (T13e): its node is quarantined as slow and the pod exits 72, which the worker
+    template's retry recreates on another node; both ranks resume from that checkpoint. As
+    locally (tests/test_slow_node_e2e.py), the script calls no aegis-flow API
+    (``PROGRESS_HOOK=0``): the forward times and steps come from the pre-warmed interpreter."""
+    wf = workflow(slow_window=3, command=(
+        "python3", "train.py", "--steps", "120", "--step-time", "0.1",
+        "--checkpoint-every", "10", "--keep", "3"))  # ckpt-<step>.pt: what the supervisor sees
+    args = next(t for t in wf["spec"]["templates"] if t["name"] == "master")["container"]["args"]
+    assert args[args.index("--slow-window") + 1] == "3"
+    r = run(tmp_path, stack(tmp_path, env={"FAULT": "slow:1:60", "PROGRESS_HOOK": "0"}), wf,
+            picture="slow-node")
+    decision = assert_succeeded_clean(r)
+    log = master_log(tmp_path).splitlines()
+
+    def first(pattern: str) -> int:
+        return next(i for i, line in enumerate(log) if re.search(pattern, line))
+
+    marked = first(r"T13s: rank 1 is slow \(forward [\d.]+ ms vs its peers' median")
+    evicted = first(r"T13e: rank 1 is being replaced \(slow\)")
+    # evicted only once a checkpoint completed after the mark: never before one
+    ckpts = [i for i, line in enumerate(log[:evicted])
+             if re.search(r"checkpoint at step \d+$", line)]
+    assert ckpts and marked < ckpts[-1] < evicted, "\n".join(log)
+    at = int(log[ckpts[-1]].rsplit(" ", 1)[1])
+    first_pod, second_pod = pods_of(r, "run(1:1)")
+    assert (first_pod["phase"], first_pod["message"]) == ("Failed", "main: Error (exit code 72)")
+    assert second_pod["phase"] == "Succeeded"
+    slow = first_pod["hostNodeName"]
+    assert second_pod["hostNodeName"] != slow
+    assert any(f"node {slow} of rank 1 quarantined (slow)" in line for line in log)
+    assert decision["quarantined"] == f'["{slow}"]'
+    assert labelled(r) == {slow}
+    (node,) = [n for n in r.nodes_after if n["metadata"]["name"] == slow]
+    assert node["metadata"]["annotations"]["aegis.io/quarantine-reason"] == "slow node of rank 1"
+    assert "restarted 0 times" in decision["message"], decision  # an eviction is no failure
+    assert [p["displayName"] for p in pods_of(r, "run(0:0)")] == ["run(0:0)(0)"]
+    # rank 0 in place and rank 1 in its new pod resumed from a checkpoint the eviction waited
+    # for (or one rank 0 saved before it stopped), not from the start
+    resumed = [int(step) for out in sorted((tmp_path / "run" / "pods").glob(
+        "*-worker-*/containers/main/stdout"))
+        for step in re.findall(r"resumed from step (\d+)", out.read_text())]
+    assert len(resumed) == 2 and resumed[0] == resumed[1] >= at, resumed
 
 
 def test_a_node_that_fails_the_bootcheck_is_quarantined_and_the_rank_moves(

@@ -80,3 +80,26 @@ def test_the_gates_choice_is_the_last_safe_step_and_plain_reports_only_raise_it(
 
     assert p.to_event(msg({"step": 20, "gate": ["moved aside"]})) == CheckpointDone(20, True)
     assert p.to_event(msg({"step": 20})) == CheckpointDone(20, False)
+
+
+def test_requested_returns_each_round_once_and_nothing_outside_aegis_flow(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``checkpoint.requested()``: the run id the supervisor wrote to $AEGIS_SAVE_REQUEST, once
+    per round; None with no variable, no file, an empty file or the same round again."""
+    monkeypatch.setattr(checkpoint, "_seen", {"stat": None, "run_id": ""})
+    monkeypatch.delenv(checkpoint.REQUEST_ENV, raising=False)
+    assert checkpoint.requested() is None  # outside aegis-flow
+    path = tmp_path / "request"
+    monkeypatch.setenv(checkpoint.REQUEST_ENV, str(path))
+    assert checkpoint.requested() is None  # no round asked for
+    path.write_text("fault-7-1\n")
+    assert checkpoint.requested() == "fault-7-1"
+    assert checkpoint.requested() is None  # once per round
+    os.utime(path, ns=(1, 1))  # touched, same round: still not again
+    assert checkpoint.requested() is None
+    path.write_text("fault-9-1\n")
+    assert checkpoint.requested() == "fault-9-1"
+    path.write_text("")
+    assert checkpoint.requested() is None
+    path.unlink()  # a new run: the supervisor removed it
+    assert checkpoint.requested() is None

@@ -13,6 +13,7 @@ import pytest
 from machine_helpers import running, transitions
 
 from aegis_flow.master.machine import (
+    AskCheckpoint,
     Ack,
     CheckpointDone,
     ExitCode,
@@ -76,8 +77,11 @@ def test_t13s_marks_only_and_t13e_evicts_right_after_the_next_checkpoint() -> No
     assert transitions(effects) == ["T13s"]
     assert status.phase is Phase.RUNCOMMAND and status.worker(1).slow and status.seq == seq
     assert not any(isinstance(e, ExitWorker | Quarantine) for e in effects)
+    # a fault-tolerance checkpoint round is asked for: the eviction need not wait a period
+    assert [e for e in effects if isinstance(e, AskCheckpoint)] == [
+        AskCheckpoint(seq, f"fault-{seq}-1", "rank 1 is slow")]
     again, effects = step(status, Slow(1))
-    assert again is status  # marked once
+    assert again is status and not effects[1:]  # marked once, asked once
     status, effects = step(status, CheckpointDone(40))
     assert status.checkpoint_step == 40 and status.phase is Phase.RESTARTING
     assert ExitWorker(1, ExitCode.SLOW_NODE_EVICTED, status.seq) in effects

@@ -64,3 +64,42 @@ def test_a_slow_node_is_evicted_right_after_the_next_checkpoint_and_never_before
     reached, resumed_at = int(rows[starts[1] - 1][1]), int(rows[starts[1]][1])
     assert resumed_at >= at and 0 <= reached - resumed_at < 40, (reached, resumed_at)
     assert_nothing_left(str(tmp_path))
+
+
+def test_a_checkpoint_round_asked_for_makes_the_eviction_come_at_once(tmp_path: Path) -> None:
+    """No periodic checkpoint would come within the job (--every 100000): without the round
+    the master asks for when it marks rank 1 slow, rank 1 would train on slow to the end. The
+    script honours ``aegis_flow.checkpoint.requested()``: rank 0 saves at the next step, and
+    rank 1 is evicted right after that checkpoint, losing nothing."""
+    log = tmp_path / "steps.log"
+    job = Job(tmp_path, ["--workers", "2", "--max-retry", "1", "--slow-window", "3",
+                         "--checkpoint-dir", str(tmp_path / "ck")],
+              ["python", FIXTURE, "--steps", "400", "--every", "100000", "--slow-node",
+               "local-node-1", "--slow-ms", "40", "--log", str(log), "--honour-requests",
+               "--say-done"], env=WARM)
+    assert job.wait(300) == 0, job.output
+    lines = job.output.splitlines()
+
+    def first(pattern: str) -> int:
+        return next(i for i, line in enumerate(lines) if re.search(pattern, line))
+
+    marked = first(r"\[aegis-flow master\] T13s: rank 1 is slow")
+    asked = first(r"a fault-tolerance checkpoint round is asked for \(fault-\d+-1: rank 1 is "
+                  r"slow\)")
+    saved = first(r"\[rank 0\] checkpoint round fault-\d+-1 at step \d+")
+    at = int(lines[saved].rsplit(" ", 1)[1])
+    recorded = first(rf"\[aegis-flow master\] checkpoint at step {at}$")
+    evicted = first(r"\[aegis-flow master\] T13e: rank 1 is being replaced \(slow\)")
+    assert marked < asked < saved and recorded < evicted, job.output
+    assert "node local-node-1 of rank 1 quarantined (slow)" in job.output
+    assert "rank 1 on local-node-1-1 starts at step" in job.output
+    resumed = [int(m) for m in re.findall(r"rank \d on local-node-\S+ starts at step (\d+)",
+                                          job.output)]
+    assert resumed[2:] == [at, at], job.output  # both ranks resumed from the round's checkpoint
+    status = job.status()["status"]
+    assert status["phase"] == "Succeed" and status["recover_count"] == 0
+    rows = [line.split() for line in log.read_text().splitlines()]
+    starts = [i for i, r in enumerate(rows) if r[0] == "start"]
+    reached = int(rows[starts[1] - 1][1])
+    assert 0 <= reached - at < 40, (reached, at)  # steps redone: those after the round
+    assert_nothing_left(str(tmp_path))

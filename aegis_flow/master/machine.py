@@ -34,6 +34,7 @@ from aegis_flow.master.model import (
     TERMINAL_PHASES,
     WORKER_EVENTS,
     Ack,
+    AskCheckpoint,
     Broadcast,
     CheckpointDone,
     ConnectTimeout,
@@ -694,7 +695,8 @@ def _on_slow(status: Status, ev: Slow) -> Result:
         return _ignore(status, Ignored.DUPLICATE, f"rank {ev.rank} is already slow")
     return _set(status, evolve(pod, slow=True)), [
         Log(f"T13s: rank {ev.rank} is slow{f' ({ev.detail})' if ev.detail else ''}; it is "
-            "evicted right after the next checkpoint", level="warning", transition="T13s")]
+            "evicted right after the next checkpoint", level="warning", transition="T13s"),
+        AskCheckpoint(status.seq, f"fault-{status.seq}-{ev.rank}", f"rank {ev.rank} is slow")]
 
 
 def _on_hang(status: Status, ev: Hang | HangWithQuit) -> Result:
@@ -734,7 +736,7 @@ def _on_hang(status: Status, ev: Hang | HangWithQuit) -> Result:
 
 
 __all__ = [
-    "Ack", "Broadcast", "CauseClass", "Charge", "CheckpointDone", "ConnectTimeout",
+    "Ack", "AskCheckpoint", "Broadcast", "CauseClass", "Charge", "CheckpointDone", "ConnectTimeout",
     "ControlPlaneBack", "Effect",
     "Error", "Event", "ExitCode", "ExitWorker", "FaultClass", "Finish", "Hang", "HangWithQuit",
     "Slow",

@@ -363,6 +363,17 @@ class Mark:
 
 
 @dataclass(frozen=True, slots=True)
+class AskCheckpoint:
+    """Ask every worker for a fault-tolerance checkpoint round now (the article's saver run
+    with a ``fault``-prefixed run id): a rank marked slow waits for the next checkpoint, and a
+    script or saver that honours the request makes that checkpoint come at once."""
+
+    seq: int
+    run_id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Persist:
     """Store the new status (after every transition)."""
 
@@ -388,7 +399,8 @@ class Log:
     transition: str = ""  # the table row, e.g. "T5"
 
 
-Effect = Broadcast | Send | ExitWorker | Quarantine | Persist | Log | Rearm | Mark
+Effect = (Broadcast | Send | ExitWorker | Quarantine | Persist | Log | Rearm | Mark
+          | AskCheckpoint)
 
 
 class MalformedEvent(ValueError):

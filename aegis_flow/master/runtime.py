@@ -357,6 +357,12 @@ class Master:
                 job=self.cfg.job, namespace=self.cfg.namespace, pod_name="master",
                 type=p.MsgType.MARK, seq=effect.seq, data={"hanging": list(effect.hanging)},
                 timestamp=now).encode())
+        elif isinstance(effect, m.AskCheckpoint):  # a fault-tolerance checkpoint round
+            await self.nc.publish(self.subjects.broadcast, p.Message(
+                job=self.cfg.job, namespace=self.cfg.namespace, pod_name="master",
+                type=p.MsgType.SAVE, seq=effect.seq,
+                data={"run_id": effect.run_id, "reason": effect.reason},
+                timestamp=now).encode())
         elif isinstance(effect, m.Quarantine):
             self.stats["quarantined"] += 1
             self._note(f"node {effect.node} of rank {effect.rank} quarantined "

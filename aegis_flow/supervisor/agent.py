@@ -250,6 +250,9 @@ class Supervisor:
         self.marked: tuple[int, ...] = ()
         self.marked_seq = -1
         self.marked_frame = ""
+        # where a fault-tolerance checkpoint round the master asks for is written (its run id):
+        # $AEGIS_SAVE_REQUEST of the training process and the saver (checkpoint.requested())
+        self.save_request = tempfile.mktemp(prefix="aegis-save-request-")
 
     # -- messages ---------------------------------------------------------------------------
     def _msg(self, mtype: p.MsgType, seq: int, data: dict[str, Any]) -> p.Message:
@@ -325,6 +328,9 @@ class Supervisor:
             self._tasks.add(task := asyncio.ensure_future(self._on_mark(msg)))
             task.add_done_callback(self._tasks.discard)
             return
+        if msg.type is p.MsgType.SAVE and msg.pod_name == "master":
+            self._on_save(msg)
+            return
         if msg.type is not p.MsgType.ORDER or msg.pod_name != "master":
             return
         if self.drop is not None and self.drop(msg):
@@ -347,6 +353,8 @@ class Supervisor:
             return  # already leaving
         self.seq = msg.seq
         self.last_report = None
+        with contextlib.suppress(OSError):  # a round asked for in the last run is answered
+            os.unlink(self.save_request)
         epoch = int(msg.data.get("restart_count", 0))
         for i, inj in enumerate(self.cfg.injections):
             if inj.fires("die", self.cfg.rank, epoch, order.value, self.cfg.work_dir, i):
@@ -357,6 +365,27 @@ class Supervisor:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.activity
         self.activity = asyncio.ensure_future(self._obey(order, msg))
+
+    def _on_save(self, msg: p.Message) -> None:
+        """The master asks for a fault-tolerance checkpoint round (before a planned eviction):
+        write its run id where the training process and the saver look
+        (``$AEGIS_SAVE_REQUEST``, ``aegis_flow.checkpoint.requested()``)."""
+        run_id = msg.data.get("run_id")
+        if msg.seq != self.seq or not isinstance(run_id, str) or not run_id.isprintable():
+            return
+        self._heard_master()
+        tmp = f"{self.save_request}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(run_id[:100] + "\n")
+            os.replace(tmp, self.save_request)
+        except OSError as exc:
+            _warn(f"cannot ask for a checkpoint round: {exc}")
+            return
+        why = str(msg.data.get("reason", ""))[:200]
+        _warn(f"a fault-tolerance checkpoint round is asked for ({run_id}"
+              f"{': ' + why if why else ''}): aegis_flow.checkpoint.requested() returns it to "
+              "the training script and the saver")
 
     async def _on_mark(self, msg: p.Message) -> None:
         """The master marks ranks of this run hung (SetIsHanging): every process is kept; this
@@ -447,6 +476,7 @@ class Supervisor:
         })
         if self.progress is not None:
             env["AEGIS_PROGRESS_SOCKET"] = self.progress.path
+        env["AEGIS_SAVE_REQUEST"] = self.save_request
         if self.cfg.checkpoint_dir:
             where = os.path.abspath(self.cfg.checkpoint_dir)
             env["AEGIS_CHECKPOINT_DIR"] = where
@@ -716,6 +746,9 @@ class Supervisor:
         finally:
             if self.saver is not None:
                 await self.saver.close()
+            for leftover in (self.save_request, f"{self.save_request}.tmp"):
+                with contextlib.suppress(OSError):
+                    os.unlink(leftover)
 
     async def _supervise(self) -> int:
         loop = asyncio.get_running_loop()

@@ -99,6 +99,10 @@ def _job_flags(r: Any) -> None:
                    "(default 900)")
     r.add_argument("--replace-timeout", type=int, metavar="S",
                    help="seconds for a replaced rank's new pod to come back (default 900)")
+    r.add_argument("--slow-window", type=non_negative_int, metavar="S",
+                   help="seconds a rank's forwards must take more than twice its peers' "
+                   "median before the master marks it slow; it is evicted (exit 72, its node "
+                   "quarantined) right after the next checkpoint (default 60)")
     r.add_argument("--python", help="the interpreter in the training image that runs the "
                    "supervisor bundle (default python3)")
     r.add_argument("--no-bundle", dest="inject_supervisor", action="store_false", default=None,
@@ -137,7 +141,8 @@ def _spec_from_args(args: argparse.Namespace) -> Any:
                 "python", "inject_supervisor",
                 "metrics_port", "grpc_tls_secret", "grpc_plaintext", "grpc_tls_client_secret",
                 "grpc_tls_server_name", "bootstrap_secret", "checkpoint_claim",
-                "checkpoint_dir", "connect_timeout", "replace_timeout", "saver"):
+                "checkpoint_dir", "connect_timeout", "replace_timeout", "slow_window",
+                "saver"):
         value = getattr(args, key)
         if value is not None:
             fields[key] = value

@@ -19,7 +19,7 @@ import yaml
 from hera.workflows import Container, FieldEnv, Parameter, Resource, RetryStrategy
 from hera.workflows import models as m
 
-from aegis_flow.jobspec import JobSpec
+from aegis_flow.jobspec import SLOW_WINDOW, JobSpec
 from aegis_flow.templates import common as c
 from aegis_flow.templates import contract, inject
 
@@ -55,6 +55,9 @@ def master_args(spec: JobSpec) -> list[str]:
             # pod-sized timeouts (B4, W3): scheduling, an image pull, the init containers
             "--connect-timeout", str(spec.connect_timeout),
             "--replace-timeout", str(spec.replace_timeout),
+            # the slow mark's window (T13s), only when not the master's own default
+            *(["--slow-window", str(spec.slow_window)]
+              if spec.slow_window != SLOW_WINDOW else []),
             "--decision-dir", DECISION_DIR,
             "--advertise-nats-url", spec.cluster_nats_url,
             *inject.master_tls_args(spec)]

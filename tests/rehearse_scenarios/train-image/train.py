@@ -8,7 +8,14 @@ rehearsal reads both.
 tests/test_argo_scenarios.py): ``crash`` once per container (an in-place restart does not
 crash again), ``crash-always`` every time, ``xid`` in the pod's first container only
 (``$AEGIS_POD_RETRY`` 0), printing the driver's "GPU has fallen off the bus" line first, as
-a node whose GPU is lost would.
+a node whose GPU is lost would. ``slow:RANK:MS`` makes every forward of rank RANK's model
+MS milliseconds longer (a throttled node: a sleep inside the module's forward, where the
+pre-warmed interpreter times forwards), in the pod's first container only: the pod Argo
+recreates on another node after the eviction trains at full speed.
+
+``$PROGRESS_HOOK=0`` turns train_ddp's ``aegis_flow.progress.step()`` calls into no-ops: a
+script that uses no aegis-flow API (its forwards and optimizer steps are still counted by the
+pre-warmed interpreter), as tests/fixtures/slow_ddp.py is.
 """
 
 import os
@@ -42,12 +49,29 @@ def _fail(kind: str) -> None:
     os._exit(1)
 
 
+def _slow(delay: float) -> None:
+    """Every forward of the model (train_ddp's nn.Sequential, inside DDP's) sleeps ``delay``."""
+    from torch import nn
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    def throttled(module: nn.Module, _args: object) -> None:
+        if isinstance(module, nn.Sequential):
+            time.sleep(delay)
+
+    register_module_forward_pre_hook(throttled)
+    note(f"fault slow {delay * 1000:.0f} ms per forward")
+
+
 def _arm() -> None:
     spec = os.environ.get("FAULT", "")
     if not spec:
         return
     kind, rank, seconds = spec.split(":")
     if os.environ.get("RANK") != rank:
+        return
+    if kind == "slow":
+        if os.environ.get("AEGIS_POD_RETRY", "0") == "0":
+            _slow(float(seconds) / 1000.0)
         return
     marker = Path("/tmp/fault-fired")
     if kind == "crash" and marker.exists():
@@ -68,5 +92,12 @@ def _joined(*args, **kwargs):  # type: ignore[no-untyped-def]
 
 
 dist.init_process_group = _joined
+if os.environ.get("PROGRESS_HOOK") == "0":
+    try:
+        from aegis_flow import progress
+
+        progress.step = lambda *_args, **_kwargs: None
+    except ImportError:
+        pass
 sys.argv[0] = str(EXAMPLE)
 runpy.run_path(str(EXAMPLE), run_name="__main__")
