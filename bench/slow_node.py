@@ -9,9 +9,13 @@ quarantined), and the job resumes from that checkpoint with rank 1 on a fresh no
 
 Two ways of saying a checkpoint is complete alternate trial by trial: ``watch`` (no code
 change: rank 0's supervisor sees ``ckpt-<step>.pt`` appear in ``--checkpoint-dir``, looking
-every second) and ``api`` (the script calls ``aegis_flow.checkpoint.done``). Per trial:
+every second), ``api`` (the script calls ``aegis_flow.checkpoint.done``) and ``round`` (``api``,
+and the script also saves at once when ``aegis_flow.checkpoint.requested()`` returns the
+fault-tolerance round the master asks for when it marks the rank slow). Per trial:
 
 * **time to mark**: the master's T13s line − the training's first step;
+* **mark → eviction**: from the T13s line to the T13e line (how long the job keeps training at
+  the slow node's pace after it is known to be slow);
 * **steps lost at the boundary**: steps trained after the checkpoint the eviction waited for,
   and trained again after the restart (goal 0);
 * **steps lost if killed at detection** (the peer: what evicting at once would cost, measured
@@ -57,6 +61,7 @@ class Trial:
     mode: str
     ok: bool
     to_mark: float = float("nan")
+    to_evict: float = float("nan")
     lost_boundary: int = -1
     lost_at_detection: int = -1
     rate_before: float = float("nan")
@@ -72,7 +77,8 @@ def run_trial(mode: str, args: argparse.Namespace, work: Path) -> Trial:
            "--slow-window", str(args.slow_window), "--checkpoint-dir", str(work / "ck"),
            "--", "python", str(FIXTURE), "--steps", str(args.steps), "--every",
            str(args.every), "--slow-node", "local-node-1", "--slow-ms", str(args.slow_ms),
-           "--log", str(log), *(["--say-done"] if mode == "api" else [])]
+           "--log", str(log), *(["--say-done"] if mode in ("api", "round") else []),
+           *(["--honour-requests"] if mode == "round" else [])]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     lines: list[tuple[float, str]] = []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -113,6 +119,7 @@ def measure(mode: str, lines: list[tuple[float, str]], log: Path, every: int) ->
     before, after = runs
     steps = before + after
     lost = before[-1][0] - starts[1]  # trained after the checkpoint it resumed from
+    evict = next((t for t, text in lines if EVICT_RE.search(text)), float("nan"))
     at_mark = max((s for s, t in before if t <= mark), default=0)
     lost_at_detection = at_mark - (at_mark // every) * every
 
@@ -121,7 +128,8 @@ def measure(mode: str, lines: list[tuple[float, str]], log: Path, every: int) ->
             return float("nan")
         return (len(part) - 1) / (part[-1][1] - part[0][1])
 
-    return Trial(mode, True, to_mark=mark - steps[0][1], lost_boundary=lost,
+    return Trial(mode, True, to_mark=mark - steps[0][1], to_evict=evict - mark,
+                 lost_boundary=lost,
                  lost_at_detection=lost_at_detection, rate_before=rate(before),
                  rate_after=rate(after))
 
@@ -145,14 +153,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--slow-ms", type=float, default=40.0, help="extra ms per forward")
     ap.add_argument("--slow-window", type=float, default=5.0)
     ap.add_argument("--timeout", type=float, default=300.0, help="per trial, seconds")
-    ap.add_argument("--modes", default="watch,api", help="watch, api or both (default)")
+    ap.add_argument("--modes", default="watch,api,round",
+                    help="comma-separated: watch, api, round (default all three)")
     ap.add_argument("--out", default=None, help="also write the results as markdown here")
     args = ap.parse_args(argv)
     if not 2 <= args.workers <= 4 or args.trials < 1:
         ap.error("--workers must be 2-4 and --trials at least 1")
     modes = [m for m in args.modes.split(",") if m]
-    if not modes or not set(modes) <= {"watch", "api"}:
-        ap.error("--modes takes watch, api or watch,api")
+    if not modes or not set(modes) <= {"watch", "api", "round"}:
+        ap.error("--modes takes a comma-separated subset of watch,api,round")
     base = Path(tempfile.mkdtemp(prefix="aegis-bench-slow-"))
     trials: list[Trial] = []
     try:
@@ -161,12 +170,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 t = run_trial(mode, args, base / f"{mode}-{i}")
                 trials.append(t)
                 print(f"trial {i + 1}/{args.trials} {mode}: "
-                      + (f"mark {t.to_mark:.1f} s, lost {t.lost_boundary} (at detection "
+                      + (f"mark {t.to_mark:.1f} s, evicted {t.to_evict:.1f} s later, "
+                         f"lost {t.lost_boundary} (at detection "
                          f"{t.lost_at_detection}), {t.rate_before:.1f} → {t.rate_after:.1f} "
                          "steps/s" if t.ok else f"FAILED ({t.note})"), file=sys.stderr)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    header = ["checkpoint said by", "ok", "time to mark s", "steps lost at the boundary",
+    header = ["checkpoint said by", "ok", "time to mark s", "mark → eviction s",
+              "steps lost at the boundary",
               "steps lost if killed at detection", "steps/s with the slow node",
               "steps/s after eviction", "speed-up"]
     rows = []
@@ -174,10 +185,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         ok = [t for t in trials if t.mode == mode and t.ok]
         ups = [t.rate_after / t.rate_before for t in ok if t.rate_before > 0]
         rows.append([
-            "directory watch (no code change)" if mode == "watch" else
-            "aegis_flow.checkpoint.done()",
+            {"watch": "directory watch (no code change)",
+             "api": "aegis_flow.checkpoint.done()",
+             "round": "done() + requested() round"}[mode],
             f"{len(ok)}/{args.trials}", f"{med([t.to_mark for t in ok])} "
             f"({span([t.to_mark for t in ok])})",
+            f"{med([t.to_evict for t in ok])} ({span([t.to_evict for t in ok])})",
             f"{med([t.lost_boundary for t in ok])} ({span([t.lost_boundary for t in ok])})",
             f"{med([t.lost_at_detection for t in ok])} "
             f"({span([t.lost_at_detection for t in ok])})",

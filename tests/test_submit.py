@@ -118,3 +118,12 @@ def test_render_flags_for_the_bundle_and_the_metrics_port(tmp_path: Path) -> Non
     assert main(["render", "--image", "I", "--no-bundle", "-o", str(out), "--", "x"]) == 0
     t = {x["name"]: x for x in yaml.safe_load(out.read_text())["spec"]["templates"]}
     assert t["worker"]["container"]["command"][:2] == ["aegis-flow", "worker"]
+
+
+def test_render_slow_window_reaches_the_masters_arguments(tmp_path: Path) -> None:
+    out = tmp_path / "wf.yaml"
+    assert main(["render", "--image", "I", "--slow-window", "300", "-o", str(out), "--",
+                 "x"]) == 0
+    t = {x["name"]: x for x in yaml.safe_load(out.read_text())["spec"]["templates"]}
+    args = t["master"]["container"]["args"]
+    assert args[args.index("--slow-window") + 1] == "300"

@@ -168,3 +168,13 @@ def test_the_master_command_parses_and_configures_the_master(
     outputs = {p["name"]: p["valueFrom"]["path"] for p in T["master"]["outputs"]["parameters"]}
     assert outputs == {n: f"{cfg.decision_dir}/{n}" for n in ("verdict", "quarantined",
                                                                "message")}
+
+
+def test_a_jobs_slow_window_configures_the_master(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    wf = render(JobSpec(image="img", command=("python", "train.py"), workers=4, slow_window=5))
+    c = next(t for t in wf["spec"]["templates"] if t["name"] == "master")["container"]
+    assert run_master_main(c, tmp_path, monkeypatch)["cfg"].slow_window == 5
+    # the default renders no flag: the master's own default holds
+    assert run_master_main(T["master"]["container"], tmp_path / "default",
+                           monkeypatch)["cfg"].slow_window == 60

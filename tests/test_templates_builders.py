@@ -121,6 +121,7 @@ def test_master_is_a_retried_step_behind_a_service_that_writes_its_decision() ->
     assert args[args.index("--decision-dir") + 1] == "/tmp/aegis/decision"
     assert args[args.index("--connect-timeout") + 1] == "900"
     assert args[args.index("--replace-timeout") + 1] == "900"
+    assert "--slow-window" not in args  # the master's own default (60 s)
     assert m["retryStrategy"]["expression"] == contract.master_retry_expression()
     assert "maxDuration" not in m["retryStrategy"]["backoff"]
     svc = built(service_template(SPEC))
@@ -129,9 +130,11 @@ def test_master_is_a_retried_step_behind_a_service_that_writes_its_decision() ->
 
 
 def test_a_job_file_can_name_its_own_nats_and_timeouts() -> None:
-    spec = SPEC.model_copy(update={"nats_url": "nats://nats.aegis:4222", "connect_timeout": 60})
+    spec = SPEC.model_copy(update={"nats_url": "nats://nats.aegis:4222", "connect_timeout": 60,
+                                   "slow_window": 300})
     m = built(master_template(spec))["container"]["args"]
     assert m[m.index("--nats-url") + 1] == "nats://nats.aegis:4222"
+    assert m[m.index("--slow-window") + 1] == "300"
     w = built(worker_template(spec))["container"]["command"]
     assert w[w.index("--nats-url") + 1] == "nats://nats.aegis:4222"
     # a rank waits for the master's first order longer than the master waits for it

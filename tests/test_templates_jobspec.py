@@ -31,6 +31,7 @@ def test_defaults_and_the_cluster_nats() -> None:
     ("gpus_per_worker", -1, "between 0 and 64"),
     ("connect_timeout", 5, "between 10 s and 7 days"),
     ("replace_timeout", 10**7, "between 10 s and 7 days"),
+    ("slow_window", -1, "slow_window (-1 s) must be between 0 s"),
     ("workrs", 3, "unknown field 'workrs': check the spelling"),
     ("node_selector", {"aegis.io/quarantined": "x"}, "already keeps workers off"),
 ])

@@ -94,6 +94,7 @@ class Zygote:
         self._dead = False
         self.can_check = False  # aegis-flow's checks import in it (not so in a foreign Python)
         self.reply_timeout = 10.0  # seconds for the zygote to answer a spawn
+        self.refused = ""  # why it will not fork at all (it initialised CUDA), if it said so
         self._reader = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
@@ -111,6 +112,9 @@ class Zygote:
                     if msg in ("ready", "ready-without-checks"):
                         self.can_check = msg == "ready"
                         self._ready.set_result(True)
+                    elif isinstance(msg, dict) and "refused" in msg:  # e.g. it has CUDA
+                        self.refused = str(msg["refused"])[:500]
+                        sys.stderr.write(f"[aegis-flow worker] {self.refused}\n")
                     elif isinstance(msg, dict) and "exit" in msg:
                         self._exited(msg)
                     elif isinstance(msg, dict):

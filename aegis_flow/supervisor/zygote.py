@@ -8,7 +8,8 @@ only, torch optional): it must run in an image where aegis-flow itself is not in
 
 Protocol on the inherited Unix socket (fd in AEGIS_ZYGOTE_FD), JSON lines:
   zygote → "ready" (or "ready-without-checks": aegis-flow's checks cannot be imported in this
-  interpreter, so the supervisor runs them in its own); request {id, argv, env, cwd} with the
+  interpreter, so the supervisor runs them in its own; or {"refused": why} and it exits: what it
+  imported initialised CUDA, which no forked child could use); request {id, argv, env, cwd} with the
   child's stdout fd (SCM_RIGHTS) →
   {"id": id, "pid": N} or {"id": id, "error": "..."} (the request's id, echoed: the supervisor
   matches a reply to its request, so a reply to a cancelled request never answers a later
@@ -252,6 +253,23 @@ def user_traceback(exc: BaseException) -> str:
     return "".join(te.format())
 
 
+def cuda_initialised() -> bool:
+    """Has this interpreter initialised CUDA? A forked child cannot use its parent's CUDA
+    context (torch raises "Cannot re-initialize CUDA in forked subprocess"), so a fork server
+    that has one must not fork training processes. Never initialises CUDA itself."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a torch without cuda support: it has none
+        return False
+
+
+CUDA_REFUSAL = ("the pre-warmed interpreter initialised CUDA while importing {what}: a forked "
+                "child cannot use its parent's CUDA context, so every rank starts cold (keep "
+                "CUDA calls out of import time, or set AEGIS_PRELOAD to modules that do not "
+                "touch it)")
+
+
 def main() -> int:
     sock = socket.socket(fileno=int(os.environ.pop("AEGIS_ZYGOTE_FD")))
     # the same command line, without the room kept for the children's titles
@@ -276,6 +294,9 @@ def main() -> int:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     if checks and preload is not None:  # nothing pre-imported: can it find them at all?
         checks = importlib.util.find_spec("aegis_flow") is not None
+    if cuda_initialised():  # a preloaded module touched CUDA: this process must not fork
+        _send(sock, {"refused": CUDA_REFUSAL.format(what=", ".join(names) or "nothing")})
+        return 0
     _send(sock, "ready" if checks else "ready-without-checks")
     children: set[int] = set()
     buf = b""
@@ -315,6 +336,10 @@ def main() -> int:
                 _send(sock, {"id": rid, "error": "request without an output fd"})
                 continue
             out_fd = fds.pop(0)
+            if cuda_initialised():  # never fork a CUDA context (checked before every fork)
+                os.close(out_fd)
+                _send(sock, {"id": rid, "error": CUDA_REFUSAL.format(what="its modules")})
+                continue
             pid = os.fork()
             if pid == 0:
                 signal.set_wakeup_fd(-1)
