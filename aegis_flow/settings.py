@@ -451,6 +451,13 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "gated before every run",
            "the worker template (JobSpec.checkpoint_dir, with checkpoint_claim); the "
            "supervisor, for the command, with --checkpoint-dir"),
+    EnvVar("AEGIS_SAVE_REQUEST", parse_str, "the training script and the saver "
+           "(aegis_flow.checkpoint.requested())",
+           "a file holding the run id of the fault-tolerance checkpoint round the master asks "
+           "for before it evicts a slow rank (absent: none asked for)", "the supervisor"),
+    EnvVar("AEGIS_CAUSES", parse_str, f"{_SUP} (default of --causes)",
+           "your cause table (TOML): extends the log classifier's and live trigger's rules",
+           "the user; `aegis-flow run --causes` passes --causes"),
     EnvVar("AEGIS_RESUME_FROM", parse_str, "the training script (examples/train_ddp.py)",
            "DIR/aegis-resume: the newest checkpoint the integrity gate found good (load it "
            "when it exists)", "the supervisor, with --checkpoint-dir"),

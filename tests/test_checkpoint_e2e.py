@@ -66,3 +66,23 @@ def test_a_script_can_say_a_checkpoint_is_done(tmp_path: Path) -> None:
     assert "[aegis-flow master] checkpoint at step 7" in job.output, job.output
     assert job.status()["status"]["checkpoint_step"] == 7
     assert_nothing_left(str(tmp_path))
+
+
+def test_a_checkpoint_saved_right_after_its_step_is_not_dropped(tmp_path: Path) -> None:
+    """``examples/train_ddp.py`` reports its steps (``progress.step``) and saves right after
+    them. The master takes a checkpoint only at a step some heartbeat has shown, and the
+    supervisor used to send the checkpoint up to a heartbeat (0.5 s) before the step: every
+    save was dropped ("beyond every step the ranks have reported"), and a slow rank waiting
+    for a checkpoint was never evicted. The steps now go out in a heartbeat first."""
+    ck = tmp_path / "ck"
+    example = str(FIXTURES.parent.parent / "examples" / "train_ddp.py")
+    job = Job(tmp_path, ["--workers", "2", "--max-retry", "0", "--checkpoint-dir", str(ck)],
+              ["python", example, "--steps", "60", "--checkpoint-every", "10", "--keep", "3",
+               "--step-time", "0.05", "--checkpoint-dir", str(ck)], env=WARM)
+    assert job.wait(180) == 0, job.output
+    assert "dropped a checkpoint" not in job.output, job.output
+    said = [int(line.rsplit(" ", 1)[1]) for line in job.output.splitlines()
+            if line.startswith("[aegis-flow master] checkpoint at step ")]
+    assert len(said) >= 2 and said == sorted(said), job.output
+    assert job.status()["status"]["checkpoint_step"] == said[-1]
+    assert_nothing_left(str(tmp_path))

@@ -155,3 +155,20 @@ def test_bad_tables_are_rejected_with_a_clear_message(tmp_path: Path, text: str,
         load_table(bad)
     with pytest.raises(CauseTableError, match="cannot read"):
         load_table(tmp_path / "missing.toml")
+
+
+def test_live_rules_are_the_fatal_ones_and_a_line_is_live_only_as_its_own_class() -> None:
+    """The live trigger's question: is this line, classified as a whole, a live rule?"""
+    from aegis_flow.steps.classify import CauseTableError, load_table, parse_table
+
+    table = load_table()
+    live = {r.code for r in table.rules if r.live}
+    assert live == {"ecc_error", "gpu_lost", "illegal_memory_access", "nccl_timeout",
+                    "nccl_error", "cuda_error"}
+    hit = table.match_live("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5)")
+    assert hit is not None and hit.code == "nccl_timeout"
+    # an OOM is not live (scripts catch it and go on), even in the words of a CUDA error
+    assert table.match_live("RuntimeError: CUDA error: out of memory") is None
+    assert table.match_live("step 10 loss 0.5") is None
+    with pytest.raises(CauseTableError, match="'live' must be true or false"):
+        parse_table('[[rule]]\ncode = "x"\nclass = "user"\nlive = 1\npatterns = ["x"]\n')

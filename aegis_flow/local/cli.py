@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -117,6 +118,11 @@ def add_parsers(sub: Any) -> None:
                    "its output is shown as [rank N saver], it is restarted 3 s "
                    "after every exit (exit 0 too: it is a daemon) and stopped when its worker "
                    "ends; training never waits for it")
+    r.add_argument("--causes", default=None, metavar="FILE",
+                   help="your own cause table (TOML, the format of aegis-flow's "
+                   "data/causes.toml): extends or overrides the default rules every worker's "
+                   "log classifier and live trigger use; a rule with live = true is reported "
+                   "the moment a line matches, and the master starts the recovery then")
     r.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG ...]")
     r.set_defaults(handler=_run)
 
@@ -212,6 +218,13 @@ def _run(a: argparse.Namespace) -> int:
     saver = _saver(a.saver)
     if isinstance(saver, str):
         return _usage(saver)
+    if a.causes:
+        from aegis_flow.steps.classify import CauseTableError, load_table
+
+        try:
+            load_table(a.causes)
+        except CauseTableError as exc:
+            return _usage(f"--causes: {exc}: nothing was started")
     if note:
         print(f"[aegis-flow] {note}", file=sys.stderr)
     hang: tuple[float | None, float | None] = (a.hang_after, a.hang_quit_after)
@@ -227,7 +240,8 @@ def _run(a: argparse.Namespace) -> int:
                         prewarm=a.prewarm, secure=not a.insecure_nats,
                         jwt_lifetime=a.jwt_lifetime, hang_after=hang[0], hang_quit_after=hang[1],
                         give_up_on_repeat=a.give_up_on_repeat, rerun=a.rerun, saver=saver,
-                        checkpoint_dir=a.checkpoint_dir, checkpoint_pattern=a.checkpoint_pattern)
+                        checkpoint_dir=a.checkpoint_dir, checkpoint_pattern=a.checkpoint_pattern,
+                        causes=os.path.abspath(a.causes) if a.causes else "")
         check_local(cfg)
     except ConfigError as exc:
         return report(exc)

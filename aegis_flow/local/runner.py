@@ -97,6 +97,7 @@ class RunConfig:
     saver: tuple[str, ...] = ()  # a checkpoint saver every supervisor runs beside training
     checkpoint_dir: str = ""  # the command's checkpoints: watched and gated (supervisor)
     checkpoint_pattern: str = "ckpt-*"
+    causes: str = ""  # the user's cause table (--causes): every supervisor's classifier
     # extra environment for the supervisor on one node (and so its checks and command):
     # (node, NAME, value), e.g. ("local-node-1", "AEGIS_SYSFS_ROOT", "/mnt/host-sys")
     node_env: tuple[tuple[str, str, str], ...] = ()
@@ -325,6 +326,7 @@ class LocalJob:
                 *(["--saver", shlex.join(c.saver)] if c.saver else []),
                 *(["--checkpoint-dir", os.path.abspath(c.checkpoint_dir), "--checkpoint-pattern",
                    c.checkpoint_pattern] if c.checkpoint_dir else []),
+                *(["--causes", c.causes] if c.causes else []),
                 *c.extra_worker_args, "--", *c.command]
 
     def _secure_nats(self) -> Path:

@@ -42,6 +42,9 @@ class Rule:
     patterns: tuple[str, ...]
     description: str = ""
     ignore_case: bool = True
+    # a line matching it is reported the moment it is printed, while the process still runs
+    # (the supervisor's live trigger): the process is doomed even if it has not died yet
+    live: bool = False
 
     def compiled(self) -> re.Pattern[str]:
         flags = re.IGNORECASE if self.ignore_case else 0
@@ -77,6 +80,12 @@ class CauseTable:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "patterns", tuple(r.compiled() for r in self.rules))
+
+    def match_live(self, line: str) -> Rule | None:
+        """The rule a line is classified as, when that rule is *live* (the live trigger's
+        question): "CUDA error: out of memory" is an oom (not live), not a cuda_error."""
+        rule = self.match(line)
+        return rule if rule is not None and rule.live else None
 
     def match(self, line: str) -> Rule | None:
         """The highest-priority rule matching one line."""
@@ -129,8 +138,11 @@ def _rule(raw: Mapping[str, Any], source: str, index: int) -> Rule:
             re.compile(pattern)
         except re.error as exc:
             raise CauseTableError(f"{where} ({code}): bad regex {pattern!r}: {exc}") from None
+    live = raw.get("live", False)
+    if not isinstance(live, bool):
+        raise CauseTableError(f"{where} ({code}): 'live' must be true or false, got {live!r}")
     return Rule(code, str(klass), priority, tuple(patterns), str(raw.get("description", "")),
-                bool(raw.get("ignore_case", True)))
+                bool(raw.get("ignore_case", True)), live)
 
 
 def parse_table(text: str, source: str = "<cause table>") -> tuple[list[Rule], bool]:

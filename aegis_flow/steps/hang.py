@@ -158,6 +158,10 @@ class ProgressSocket:
     def fileno(self) -> int:
         return self.sock.fileno()
 
+    def latest(self) -> int | None:
+        """The newest step number read and not yet drained (None: none pending)."""
+        return max(self._steps) if self._steps else None
+
     def drain(self) -> list[int]:
         """Every step number received since the last drain, oldest first (malformed ones
         skipped); checkpoints and automatic counts go to ``checkpoints`` and ``auto``."""

@@ -93,6 +93,11 @@ def build_parser(prog: str = "aegis-flow worker") -> argparse.ArgumentParser:
                     help="which names in --checkpoint-dir are checkpoints, newest = largest "
                     "number in the name (default 'ckpt-*'; e.g. 'step_*' for "
                     "torch.distributed.checkpoint directories)")
+    ap.add_argument("--causes", default=env("AEGIS_CAUSES", "") or None, metavar="FILE",
+                    help="your own cause table (TOML, the format of aegis-flow's "
+                    "data/causes.toml; env AEGIS_CAUSES): extends or overrides the default "
+                    "rules the log classifier and the live trigger use (a rule with "
+                    "live = true is reported the moment a line matches)")
     ap.add_argument("--inject", action="append", default=[], metavar="SPEC",
                     help="fault injection for tests: crash:rank=R:after=5s, "
                     "exit:rank=R:code=3:after=8s (epoch=N|all selects the run epoch)")
@@ -126,6 +131,13 @@ def _parse(argv: list[str], prog: str) -> tuple[WorkerConfig, str]:
         injections = tuple(Injection.parse(s) for s in a.inject)
     except InjectionError as exc:
         ap.error(str(exc))
+    if a.causes:
+        from aegis_flow.steps.classify import CauseTableError, load_table
+
+        try:
+            load_table(a.causes)  # a bad table is refused now, not at the first failure
+        except CauseTableError as exc:
+            ap.error(f"--causes: {exc}")
     cfg = WorkerConfig(command=tuple(command), job=a.job, namespace=a.namespace, rank=a.rank,
                        world_size=a.world_size, nats_url=a.nats_url, node=a.node,
                        pod_ip=a.pod_ip, connect_timeout=a.connect_timeout,
@@ -135,7 +147,7 @@ def _parse(argv: list[str], prog: str) -> tuple[WorkerConfig, str]:
                        prewarm=a.prewarm, nkey_seed=a.nkey_seed,
                        hang_after=a.hang_after, hang_quit_after=a.hang_quit_after,
                        creds=a.creds, saver=a.saver, checkpoint_dir=a.checkpoint_dir,
-                       checkpoint_pattern=a.checkpoint_pattern)
+                       checkpoint_pattern=a.checkpoint_pattern, causes_file=a.causes)
     check_worker(cfg, master_connect_timeout=a.master_connect_timeout)
     return cfg, a.outcome_dir
 

@@ -629,6 +629,33 @@ class Supervisor:
             _warn(f"log classifier: {exc}")
             return UNKNOWN_CAUSE
 
+    def _live_trigger(self, seq: int) -> Callable[[str], None]:
+        """The live trigger of run ``seq``: each output line, as it is printed, against the
+        cause table's live rules (an NCCL timeout, a CUDA error, a lost GPU …). The first match
+        goes to the master at once as this run's Error (it starts the recovery: every rank is
+        stopped by the next order), while the process is kept until that order comes."""
+        said = False
+
+        def on_line(text: str) -> None:
+            nonlocal said
+            if said or self.seq != seq or self._causes is None:
+                return
+            rule = self._causes.match_live(text)
+            if rule is None:
+                return
+            said = True
+            line = text.strip()[:300]
+            _warn(f"the output says {rule.code} ({line}): reported now, before the process "
+                  "dies or hangs")
+            data = {"cause": f"{rule.code} in the output, reported live: {line}"[:200],
+                    "cause_code": rule.code, "cause_class": rule.klass, "live": True,
+                    "tail": [line], "code": None, "signal": None, "ended_at": time.time()}
+            self._tasks.add(task := asyncio.ensure_future(
+                self.report(p.MsgType.ERROR, data, seq=seq)))
+            task.add_done_callback(self._tasks.discard)
+
+        return on_line
+
     async def _watch_hang(self, child: childmod.Child) -> None:
         """Progress watchdog: progress.step() reports, else output activity (T13/T14)."""
         seq, dog = self.seq, HangWatchdog(self.cfg.hang_after, self.cfg.hang_quit_after,
@@ -699,6 +726,14 @@ class Supervisor:
         if number <= self.ckpt_said:
             return
         self.ckpt_said = number
+        # the master takes a checkpoint only at a step the ranks have reported: the steps read
+        # and not yet judged by the watchdog go out in a heartbeat first (same connection, so
+        # it arrives first), or a checkpoint saved right after its step was dropped
+        latest = self.progress.latest() if self.progress is not None else None
+        if latest is not None and (self.steps.last is None or latest > self.steps.last):
+            self.steps.observe(time.time(), latest)
+        if self.steps.last is not None:
+            await self.heartbeat()
         await self._publish(self._msg(p.MsgType.CHECKPOINT, seq, {"step": number,
                                                                   "path": where[:300]}))
 
@@ -720,16 +755,17 @@ class Supervisor:
 
     async def _start(self, env: dict[str, str]) -> childmod.Child:
         prefix = f"[rank {self.cfg.rank}] "
+        live = self._live_trigger(self.seq)
         try:
             if self.zygote is not None and await self._prewarmed(self.zygote):
                 try:
                     return await self.zygote.spawn(self.cfg.command, env, prefix=prefix,
-                                                   tail_lines=20, on_line=None)
+                                                   tail_lines=20, on_line=live)
                 except (OSError, asyncio.TimeoutError) as exc:
                     _warn(f"pre-warmed start failed ({exc}); starting the command directly")
                     self.zygote.close()
                     self.zygote = None
-            return await childmod.start(self.cfg.command, env, prefix=prefix)
+            return await childmod.start(self.cfg.command, env, prefix=prefix, on_line=live)
         finally:
             self._doing("")  # training: the step rate says the rest
 

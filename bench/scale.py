@@ -1,0 +1,598 @@
+#!/usr/bin/env python3
+"""The control plane at scale: N simulated workers against the real master and nats-server.
+
+Each simulated worker is a few fields and a heartbeat slot, not a process: it speaks the real
+wire protocol (``aegis_flow.protocol``) the way the supervisor does (``supervisor/agent.py``):
+an ACK heartbeat every ``--heartbeat`` seconds (0.5 s, the supervisor's default) carrying the
+supervisor's heartbeat fields, the last report repeated with every heartbeat until the seq
+advances, FINISH ok for a bootcheck/troubleshoot order, nothing for a run or hold order (it
+keeps heartbeating) and silence after quit/exit. Workers share NATS connections
+(``--per-conn`` workers each, 256 by default); each publishes on its own report subject
+``Subjects.master(rank)`` and is subscribed to ``Subjects.worker(rank)``; a connection has one
+subscription to the broadcast subject for all of its workers. The master is the real
+``python -m aegis_flow.master`` process (no credentials), the server a real nats-server
+(``EmbeddedNats``), both on this machine.
+
+Scenarios, for each N of ``--workers``:
+
+1. **connect + bootcheck**: every worker starts heartbeating; the master acks them all and
+   broadcasts bootcheck; every worker answers FINISH ok. Measured: the first heartbeat → the
+   bootcheck order at every worker (ack fan-in), and the *bootcheck round*: the bootcheck order's
+   first arrival → the run order at every worker.
+2. **steady state** (``--steady`` seconds in RunCommand): the master's and nats-server's CPU %
+   (utime+stime from /proc/<pid>/stat) and RSS (VmRSS), heartbeats/s into the master (what the
+   workers published), and this harness's own CPU % (it shares the machine).
+3. **one fault**: the last rank sends an ERROR for the current run seq. Measured per worker:
+   the fault → that worker holding the next order (troubleshoot), p50/p99/max; then the
+   troubleshoot order at every worker → the restart (run) order at every worker.
+
+The store: the master puts its whole status document into a JetStream KV bucket (history 1)
+after every transition. The harness reads the bucket's stream sequence (= puts so far) and
+the document itself at the end of each scenario: puts per scenario × the document size is
+what the store was written.
+
+Side effects: starts a nats-server and a master per N under a temporary directory (removed),
+both stopped on exit, Ctrl-C included; prints tables; ``--out`` writes markdown, ``--json``
+the raw numbers. Needs the project's venv (nats-py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import datetime
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tables  # bench/tables.py (this script's folder is on sys.path)
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import nats  # noqa: E402
+
+from aegis_flow import protocol as p  # noqa: E402
+from aegis_flow.local.natsserver import EmbeddedNats  # noqa: E402
+from aegis_flow.master.store import STATUS_KEY  # noqa: E402
+
+_VENV_PY = ROOT / ".venv" / "bin" / "python"
+PYTHON = str(_VENV_PY) if _VENV_PY.exists() else sys.executable
+JOB, NAMESPACE = "scale", "default"
+TICKS = 10  # heartbeat slots per interval: a connection publishes 1/TICKS of its workers a tick
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+class BenchError(RuntimeError):
+    """The scenario did not happen as expected (the master did not answer in time...)."""
+
+
+# -- /proc ---------------------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` in seconds (/proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        fields = fh.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLK  # fields 14 and 15 of the whole line
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); nan for no values."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
+
+
+# -- the simulated workers ------------------------------------------------------------------
+@dataclass
+class Worker:
+    rank: int
+    incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    seq: int = 0
+    order: str = ""
+    phase: str = "Pending"
+    last_report: bytes | None = None
+    report_seq: int = -1
+    gone: bool = False
+    since: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class OrderSeen:
+    """One order (seq) as the workers got it: when each rank started holding it."""
+
+    order: str
+    at: dict[int, float] = field(default_factory=dict)
+
+
+PHASE_OF = {"bootcheck": "BootChecking", "troubleshoot": "Troubleshooting",
+            "run": "RunCommand", "hold": "Restarting"}
+
+
+class Fleet:
+    """N simulated workers on ceil(N / per_conn) NATS connections."""
+
+    def __init__(self, url: str, n: int, per_conn: int, heartbeat: float) -> None:
+        self.url, self.n, self.per_conn, self.heartbeat = url, n, per_conn, heartbeat
+        self.subjects = p.Subjects(NAMESPACE, JOB)
+        self.workers = [Worker(r) for r in range(n)]
+        self.conns: list[Any] = []
+        self.groups: list[list[Worker]] = []
+        self.orders: dict[int, OrderSeen] = {}
+        self.published = 0  # messages sent to the master
+        self.bad_orders = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self.beating = False
+
+    async def connect(self) -> None:
+        for start in range(0, self.n, self.per_conn):
+            group = self.workers[start:start + self.per_conn]
+            nc = await nats.connect(self.url, max_reconnect_attempts=-1,
+                                    pending_size=64 * 1024 * 1024)
+            self.conns.append(nc)
+            self.groups.append(group)
+            await nc.subscribe(self.subjects.broadcast,
+                               cb=self._on_order(nc, group), pending_msgs_limit=-1)
+            for w in group:
+                await nc.subscribe(self.subjects.worker(w.rank), cb=self._on_order(nc, [w]),
+                                   pending_msgs_limit=-1)
+            await nc.flush()
+
+    def _msg(self, w: Worker, mtype: p.MsgType, seq: int, data: dict[str, Any]) -> bytes:
+        return p.Message(job=JOB, namespace=NAMESPACE, pod_name=f"{JOB}-worker-{w.rank}",
+                         type=mtype, rank=w.rank, seq=max(seq, 0), incarnation=w.incarnation,
+                         phase=w.phase, data=data, timestamp=time.time()).encode()
+
+    def _beat(self, w: Worker) -> bytes:
+        """The supervisor's heartbeat fields (agent._beat_data), no child process."""
+        running = w.order == "run"
+        return self._msg(w, p.MsgType.ACK, w.seq, {
+            "node": f"node-{w.rank}", "pod_ip": f"10.0.{w.rank // 250}.{w.rank % 250 + 1}",
+            "child_pid": 1000 + w.rank if running else None,
+            "node_ip": f"10.1.{w.rank // 250}.{w.rank % 250 + 1}", "gpu_type": "sim",
+            "child_restarts": 0, "beat_lag": 0.0, "step_rate": None, "step": None,
+            "doing": "" if running else "checks done; waiting for the other ranks",
+            "progress": None, "doing_for": round(time.monotonic() - w.since, 1)})
+
+    async def _publish(self, nc: Any, w: Worker, raw: bytes) -> None:
+        await nc.publish(self.subjects.master(w.rank), raw)
+        self.published += 1
+
+    def _on_order(self, nc: Any, group: list[Worker]) -> Callable[[Any], Any]:
+        async def cb(m: Any) -> None:
+            now = time.monotonic()
+            try:
+                msg = p.decode(m.data, job=JOB, namespace=NAMESPACE)
+            except p.ProtocolError:
+                self.bad_orders += 1
+                return
+            if msg.type is not p.MsgType.ORDER or msg.pod_name != "master":
+                return
+            order = str(msg.data.get("order", ""))
+            seen = self.orders.setdefault(msg.seq, OrderSeen(order))
+            answers = []
+            for w in group:
+                if w.gone or msg.rank not in (-1, w.rank):
+                    continue
+                personal_exit = order == "exit" and msg.rank == w.rank and msg.seq == w.seq
+                if msg.seq <= w.seq and not personal_exit:
+                    continue  # a re-send of an order held already
+                w.seq, w.order, w.since = msg.seq, order, now
+                w.last_report, w.report_seq = None, -1
+                w.phase = PHASE_OF.get(order, w.phase)
+                seen.at.setdefault(w.rank, now)
+                if order in ("bootcheck", "troubleshoot"):
+                    raw = self._msg(w, p.MsgType.FINISH, msg.seq,
+                                    {"ok": True, "fault": None, "detail": "simulated checks"})
+                    w.last_report, w.report_seq = raw, msg.seq
+                    answers.append((w, raw))
+                elif order in ("quit", "exit", "run-independent"):
+                    w.gone = True
+            for w, raw in answers:
+                await self._publish(nc, w, raw)
+            if answers:
+                await nc.flush()
+        return cb
+
+    async def report_error(self, rank: int) -> None:
+        """Rank ``rank``'s command failed: an ERROR for its current (run) seq, repeated with its
+        heartbeats until a new order comes (as the supervisor does)."""
+        w = self.workers[rank]
+        nc = self.conns[rank // self.per_conn]
+        raw = self._msg(w, p.MsgType.ERROR, w.seq, {
+            "cause": "simulated failure", "exit_code": 1, "tail": ["RuntimeError: simulated"]})
+        w.last_report, w.report_seq = raw, w.seq
+        await self._publish(nc, w, raw)
+        await nc.flush()
+
+    def start_beats(self) -> None:
+        self.beating = True
+        for nc, group in zip(self.conns, self.groups, strict=True):
+            self._tasks.append(asyncio.ensure_future(self._beats(nc, group)))
+
+    async def _beats(self, nc: Any, group: list[Worker]) -> None:
+        tick = self.heartbeat / TICKS
+        slots = [group[i::TICKS] for i in range(TICKS)]
+        next_at = time.monotonic()
+        i = 0
+        while self.beating:
+            for w in slots[i % TICKS]:
+                if w.gone:
+                    continue
+                await self._publish(nc, w, self._beat(w))
+                if w.last_report is not None and w.report_seq == w.seq:
+                    await self._publish(nc, w, w.last_report)  # repeat until the seq advances
+            i += 1
+            next_at += tick
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+    async def close(self) -> None:
+        self.beating = False
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        for nc in self.conns:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(nc.close(), 5)
+
+    # -- what the workers hold ------------------------------------------------------------
+    def all_hold(self, pred: Callable[[Worker], bool]) -> bool:
+        return all(pred(w) for w in self.workers)
+
+    async def wait(self, pred: Callable[[Worker], bool], timeout: float, what: str,
+                   alive: Callable[[], None]) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.all_hold(pred):
+            alive()
+            if time.monotonic() > deadline:
+                held: dict[str, int] = {}
+                for w in self.workers:
+                    key = f"{w.order or '-'}@{w.seq}"
+                    held[key] = held.get(key, 0) + 1
+                raise BenchError(f"{what}: not every worker after {timeout:.0f} s; "
+                                 f"they hold {held}")
+            await asyncio.sleep(0.01)
+
+
+# -- one N ----------------------------------------------------------------------------------
+@dataclass
+class Result:
+    n: int
+    connections: int = 0
+    ok: bool = False
+    error: str = ""
+    # scenario 1
+    ack_fanin_s: float = float("nan")  # first heartbeat → bootcheck order at every worker
+    bootcheck_spread_s: float = float("nan")  # first → last worker got the bootcheck order
+    bootcheck_round_s: float = float("nan")  # bootcheck order's first arrival → run at all
+    # scenario 2
+    steady_s: float = 0.0
+    msgs_per_s: float = float("nan")
+    master_cpu_pct: float = float("nan")
+    master_rss_mib: float = float("nan")
+    nats_cpu_pct: float = float("nan")
+    nats_rss_mib: float = float("nan")
+    harness_cpu_pct: float = float("nan")
+    unexpected_orders: list[str] = field(default_factory=list)
+    # scenario 3
+    next_order: str = ""
+    fault_p50_s: float = float("nan")  # the fault → a worker holds the next order
+    fault_p99_s: float = float("nan")
+    fault_max_s: float = float("nan")
+    troubleshoot_round_s: float = float("nan")  # troubleshoot at all → run at all
+    fault_to_restart_s: float = float("nan")  # the fault → run order at every worker
+    # the store
+    doc_bytes: int = 0  # the status document at the end
+    puts_connect: int = 0  # KV puts during scenario 1 (acks + bootcheck round)
+    puts_steady: int = 0
+    puts_fault: int = 0
+    seq_end: int = 0  # the order seq (transitions that sent an order) at the end
+    master_rss_end_mib: float = float("nan")
+    # every --sample seconds from the first heartbeat: [s, KV puts, doc bytes, master CPU %
+    # over the interval, master RSS MiB]: where the time goes when a round is slow
+    timeline: list[list[float]] = field(default_factory=list)
+
+    @property
+    def bytes_connect(self) -> int:
+        return self.puts_connect * self.doc_bytes
+
+
+async def store_state(nc: Any, bucket: str) -> tuple[int, int]:
+    """(puts so far, the status document's size) of the master's KV bucket; (0, 0) if none."""
+    js = nc.jetstream()
+    try:
+        info = await js.stream_info(f"KV_{bucket}")
+        kv = await js.key_value(bucket)
+        entry = await kv.get(STATUS_KEY)
+    except Exception:  # noqa: BLE001 - no bucket or no document yet
+        return 0, 0
+    return int(info.state.last_seq), len(entry.value or b"")
+
+
+def pdeathsig() -> Callable[[], None] | None:
+    """A preexec_fn: the master gets SIGTERM if this process dies (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def preexec() -> None:
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)
+    return preexec
+
+
+def stop_proc(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+
+
+async def run_scenarios(res: Result, url: str, nats_pid: int, master: subprocess.Popen[bytes],
+                        args: argparse.Namespace, log: Path) -> None:
+    subjects = p.Subjects(NAMESPACE, JOB)
+    fleet = Fleet(url, res.n, args.per_conn, args.heartbeat)
+    mon = await nats.connect(url)
+
+    def alive() -> None:
+        if master.poll() is not None:
+            tail = log.read_text(errors="replace").splitlines()[-15:]
+            raise BenchError(f"the master exited with {master.returncode}:\n" + "\n".join(tail))
+
+    def seqs_of(order: str) -> list[int]:
+        return sorted(s for s, o in fleet.orders.items() if o.order == order)
+
+    async def sample() -> None:
+        last_t, last_cpu = time.monotonic(), cpu_seconds(master.pid)
+        while True:
+            await asyncio.sleep(args.sample)
+            with contextlib.suppress(Exception):
+                now, cpu = time.monotonic(), cpu_seconds(master.pid)
+                puts, doc = await asyncio.wait_for(store_state(mon, subjects.kv_bucket), 5)
+                res.timeline.append([round(now - t0, 1), puts, doc,
+                                     round(100 * (cpu - last_cpu) / (now - last_t)),
+                                     round(rss_mib(master.pid))])
+                last_t, last_cpu = now, cpu
+
+    sampler: asyncio.Task[None] | None = None
+    try:
+        await fleet.connect()
+        res.connections = len(fleet.conns)
+        # -- 1. connect + bootcheck ---------------------------------------------------------
+        t0 = time.monotonic()
+        fleet.start_beats()
+        sampler = asyncio.ensure_future(sample())
+        await fleet.wait(lambda w: w.order in ("bootcheck", "run"), args.timeout,
+                         "the bootcheck order", alive)
+        boot = fleet.orders[seqs_of("bootcheck")[0]]
+        res.ack_fanin_s = max(boot.at.values()) - t0
+        res.bootcheck_spread_s = max(boot.at.values()) - min(boot.at.values())
+        await fleet.wait(lambda w: w.order == "run", args.timeout, "the run order", alive)
+        run1 = fleet.orders[seqs_of("run")[0]]
+        res.bootcheck_round_s = max(run1.at.values()) - min(boot.at.values())
+        puts0, _ = await store_state(mon, subjects.kv_bucket)
+        res.puts_connect = puts0
+        await asyncio.sleep(1.0)  # let the heartbeats carrying the run seq land
+        # -- 2. steady state ----------------------------------------------------------------
+        puts1, _ = await store_state(mon, subjects.kv_bucket)
+        known = set(fleet.orders)
+        pub0, w0 = fleet.published, time.monotonic()
+        m0, n0, h0 = cpu_seconds(master.pid), cpu_seconds(nats_pid), cpu_seconds(os.getpid())
+        rss_m, rss_n = [], []
+        while time.monotonic() - w0 < args.steady:
+            await asyncio.sleep(min(1.0, max(0.0, args.steady - (time.monotonic() - w0))))
+            alive()
+            rss_m.append(rss_mib(master.pid))
+            rss_n.append(rss_mib(nats_pid))
+        dt = time.monotonic() - w0
+        m1, n1, h1 = cpu_seconds(master.pid), cpu_seconds(nats_pid), cpu_seconds(os.getpid())
+        res.steady_s = dt
+        res.msgs_per_s = (fleet.published - pub0) / dt
+        res.master_cpu_pct = 100 * (m1 - m0) / dt
+        res.nats_cpu_pct = 100 * (n1 - n0) / dt
+        res.harness_cpu_pct = 100 * (h1 - h0) / dt
+        res.master_rss_mib = max(rss_m)
+        res.nats_rss_mib = max(rss_n)
+        res.unexpected_orders = [f"{o.order}@{s}" for s, o in sorted(fleet.orders.items())
+                                 if s not in known]
+        puts2, _ = await store_state(mon, subjects.kv_bucket)
+        res.puts_steady = puts2 - puts1
+        if res.unexpected_orders:
+            raise BenchError(f"orders during the steady state: {res.unexpected_orders} "
+                             "(the master lost workers?)")
+        # -- 3. one fault ---------------------------------------------------------------------
+        run_seq = fleet.workers[0].seq
+        tf = time.monotonic()
+        await fleet.report_error(res.n - 1)
+        await fleet.wait(lambda w: w.seq > run_seq, args.timeout, "the order after the fault",
+                         alive)
+        nxt = min(s for s in fleet.orders if s > run_seq)
+        res.next_order = fleet.orders[nxt].order
+        lat = [fleet.orders[nxt].at[w.rank] - tf for w in fleet.workers
+               if w.rank in fleet.orders[nxt].at]
+        if len(lat) != res.n:  # a worker jumped past it (a newer order came first)
+            raise BenchError(f"only {len(lat)} of {res.n} workers held order {nxt}")
+        res.fault_p50_s, res.fault_p99_s = statistics.median(lat), pct(lat, 99)
+        res.fault_max_s = max(lat)
+        await fleet.wait(lambda w: w.order == "run" and w.seq > nxt, args.timeout,
+                         "the restart (run) order", alive)
+        restart = fleet.orders[min(s for s, o in fleet.orders.items()
+                                   if s > nxt and o.order == "run")]
+        res.troubleshoot_round_s = max(restart.at.values()) - max(fleet.orders[nxt].at.values())
+        res.fault_to_restart_s = max(restart.at.values()) - tf
+        await asyncio.sleep(1.0)  # the heartbeats carrying the new seq
+        puts3, doc = await store_state(mon, subjects.kv_bucket)
+        res.puts_fault = puts3 - puts2
+        res.doc_bytes = doc
+        res.seq_end = max(fleet.orders)
+        res.master_rss_end_mib = rss_mib(master.pid)
+        res.ok = True
+    finally:
+        if sampler is not None:
+            sampler.cancel()
+            with contextlib.suppress(BaseException):
+                await sampler
+        await fleet.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(mon.close(), 5)
+
+
+def run_one(n: int, args: argparse.Namespace, base: Path) -> Result:
+    res = Result(n)
+    work = base / f"n{n}"
+    work.mkdir(parents=True)
+    log = work / "master.log"
+    master: subprocess.Popen[bytes] | None = None
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1"}
+    with EmbeddedNats(work / "nats") as server:
+        try:
+            with log.open("wb") as out:
+                master = subprocess.Popen(
+                    [PYTHON, "-m", "aegis_flow.master", "--job", JOB, "--namespace", NAMESPACE,
+                     "--workers", str(n), "--nats-url", server.url,
+                     "--connect-timeout", str(args.timeout), "--lost-timeout",
+                     str(args.lost_timeout), "--metrics-port", "0", "--metrics-addr",
+                     "127.0.0.1", "--status-file", str(work / "status.json"),
+                     "--log-level", "WARNING"],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=work,
+                    env=env, preexec_fn=pdeathsig())  # noqa: PLW1509 - a prctl, no Python
+            asyncio.run(run_scenarios(res, server.url, server.pid, master, args, log))
+        except BenchError as exc:
+            res.error = str(exc)
+            tail = log.read_text(errors="replace").splitlines()[-8:]
+            if tail and "master exited" not in res.error:
+                res.error += "\n  master log: " + "\n  master log: ".join(tail)
+        finally:
+            stop_proc(master)
+    return res
+
+
+# -- output ---------------------------------------------------------------------------------
+def _f(x: float, digits: int = 2) -> str:
+    return "-" if x != x else f"{x:.{digits}f}"
+
+
+ROUND_HEADER = ["N", "conns", "acks→bootcheck at all (s)", "bootcheck round (s)",
+                "fault→next order p50 (s)", "p99 (s)", "max (s)", "troubleshoot round (s)",
+                "fault→restart at all (s)"]
+STEADY_HEADER = ["N", "msgs/s in", "master CPU %", "master RSS MiB", "nats CPU %",
+                 "nats RSS MiB", "harness CPU %", "status doc KiB", "KV puts connect+boot",
+                 "KV puts steady", "KV puts fault→restart", "MiB written fault→restart"]
+
+
+def round_rows(results: Sequence[Result]) -> list[list[str]]:
+    return [[str(r.n), str(r.connections), _f(r.ack_fanin_s), _f(r.bootcheck_round_s),
+             _f(r.fault_p50_s, 3), _f(r.fault_p99_s, 3), _f(r.fault_max_s, 3),
+             _f(r.troubleshoot_round_s), _f(r.fault_to_restart_s)] for r in results]
+
+
+def steady_rows(results: Sequence[Result]) -> list[list[str]]:
+    return [[str(r.n), _f(r.msgs_per_s, 0), _f(r.master_cpu_pct, 0), _f(r.master_rss_mib, 0),
+             _f(r.nats_cpu_pct, 0), _f(r.nats_rss_mib, 0), _f(r.harness_cpu_pct, 0),
+             _f(r.doc_bytes / 1024, 1), str(r.puts_connect), str(r.puts_steady),
+             str(r.puts_fault), _f(r.puts_fault * r.doc_bytes / 2**20, 1)] for r in results]
+
+
+def render_all(results: Sequence[Result], *, markdown: bool) -> str:
+    parts = [tables.render(ROUND_HEADER, round_rows(results), markdown=markdown), "",
+             tables.render(STEADY_HEADER, steady_rows(results), markdown=markdown)]
+    errors = [f"N={r.n}: {r.error}" for r in results if r.error]
+    if errors:
+        parts += ["", "Failed:", *errors]
+    return "\n".join(parts)
+
+
+def machine() -> str:
+    model = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{os.cpu_count()} CPUs ({model or platform.processor()}), {platform.platform()}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", default="256,1024",
+                    help="comma-separated worker counts (default 256,1024)")
+    ap.add_argument("--steady", type=float, default=20.0,
+                    help="seconds of steady-state heartbeats (default 20)")
+    ap.add_argument("--heartbeat", type=float, default=0.5,
+                    help="heartbeat interval of every worker (default 0.5, the supervisor's)")
+    ap.add_argument("--per-conn", type=int, default=256,
+                    help="simulated workers per NATS connection (default 256)")
+    ap.add_argument("--lost-timeout", type=float, default=3.0,
+                    help="the master's --lost-timeout (default 3, the master's)")
+    ap.add_argument("--timeout", type=float, default=120.0,
+                    help="seconds each round may take before the run is failed (default 120)")
+    ap.add_argument("--sample", type=float, default=5.0,
+                    help="seconds between samples of the store and the master (default 5)")
+    ap.add_argument("--out", help="write the tables here (markdown, with date and machine)")
+    ap.add_argument("--json", help="write the raw numbers here (JSON)")
+    args = ap.parse_args(argv)
+    sizes = [int(x) for x in args.workers.split(",") if x.strip()]
+    base = Path(tempfile.mkdtemp(prefix="aegis-scale-"))
+    results: list[Result] = []
+    try:
+        for n in sizes:
+            started = time.monotonic()
+            print(f"N={n} ...", file=sys.stderr, flush=True)
+            res = run_one(n, args, base)
+            print(f"N={n}: {'ok' if res.ok else 'FAILED: ' + res.error} "
+                  f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+            if not res.ok:  # where the time went
+                print("  [s, KV puts, doc bytes, master CPU %, RSS MiB]: "
+                      + " ".join(map(str, res.timeline)), file=sys.stderr, flush=True)
+            results.append(res)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    print(render_all(results, markdown=False))
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=1))
+    if args.out:
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        cmd = " ".join(["python", "bench/scale.py", *(argv if argv is not None else
+                                                      sys.argv[1:])])
+        Path(args.out).write_text(
+            f"`{cmd}` — {stamp}, {machine()}; heartbeat {args.heartbeat} s, steady "
+            f"{args.steady:.0f} s, {args.per_conn} workers per connection, master "
+            f"--lost-timeout {args.lost_timeout}\n\n"
+            + render_all(results, markdown=True) + "\n")
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

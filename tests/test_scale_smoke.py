@@ -1,0 +1,49 @@
+"""bench/scale.py at N=256 with a short steady state: the harness runs the real master over a
+real nats-server, and measures every scenario (a master that never answered fails it).
+
+Bounds are generous (a loaded 2-core machine): this checks the harness works and the master
+keeps up with 256 workers, not how fast it is (docs/benchmarks.md has the numbers).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_scale_harness_at_256_workers(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "scale.py"), "--workers", "256", "--steady", "3",
+         "--timeout", "45", "--json", str(out)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [r] = json.loads(out.read_text())
+    assert r["ok"] and not r["error"], r
+    assert r["n"] == 256 and r["connections"] == 1
+    # 1. every worker acked and got the bootcheck order; the round ended with the run order
+    assert 0 < r["ack_fanin_s"] < 60
+    assert 0 < r["bootcheck_round_s"] < 60
+    # 2. heartbeats flowed (256 workers every 0.5 s ≈ 512/s) and the processes were measured
+    assert r["steady_s"] >= 3
+    assert 256 < r["msgs_per_s"] < 2000
+    assert r["master_cpu_pct"] > 0 and r["master_rss_mib"] > 0
+    assert r["nats_rss_mib"] > 0 and r["nats_cpu_pct"] >= 0
+    assert r["unexpected_orders"] == []
+    # 3. the fault: every worker held the troubleshoot order, then the restart
+    assert r["next_order"] == "troubleshoot"
+    assert 0 < r["fault_p50_s"] <= r["fault_p99_s"] <= r["fault_max_s"] < 30
+    assert 0 < r["troubleshoot_round_s"] and 0 < r["fault_to_restart_s"] < 60
+    # the store: the master put its status document (every rank's record) more than once
+    # per worker on the way to the run order, and again after the fault
+    assert r["doc_bytes"] > 256 * 100
+    assert r["puts_connect"] >= 256 and r["puts_fault"] > 0
+    assert r["seq_end"] >= 4  # bootcheck, run, troubleshoot, run
