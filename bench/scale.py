@@ -485,13 +485,17 @@ def run_one(n: int, args: argparse.Namespace, base: Path) -> Result:
                      "--connect-timeout", str(args.timeout), "--lost-timeout",
                      str(args.lost_timeout), "--metrics-port", "0", "--metrics-addr",
                      "127.0.0.1", "--status-file", str(work / "status.json"),
-                     "--log-level", "WARNING"],
+                     "--log-level", args.master_log_level],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=work,
                     env=env, preexec_fn=pdeathsig())  # noqa: PLW1509 - a prctl, no Python
             asyncio.run(run_scenarios(res, server.url, server.pid, master, args, log))
         except BenchError as exc:
             res.error = str(exc)
-            tail = log.read_text(errors="replace").splitlines()[-8:]
+            lines = log.read_text(errors="replace").splitlines()
+            lost = sum("lost before start" in line for line in lines)
+            if lost:
+                res.error += f"\n  the master forgot {lost} acked ranks as lost before start (T7p)"
+            tail = lines[-8:]
             if tail and "master exited" not in res.error:
                 res.error += "\n  master log: " + "\n  master log: ".join(tail)
         finally:
@@ -558,6 +562,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="the master's --lost-timeout (default 3, the master's)")
     ap.add_argument("--timeout", type=float, default=120.0,
                     help="seconds each round may take before the run is failed (default 120)")
+    ap.add_argument("--master-log-level", default="WARNING",
+                    help="the master's --log-level (INFO shows every transition)")
     ap.add_argument("--sample", type=float, default=5.0,
                     help="seconds between samples of the store and the master (default 5)")
     ap.add_argument("--out", help="write the tables here (markdown, with date and machine)")

@@ -185,3 +185,33 @@ def test_a_master_crash_exits_70_which_the_runner_restarts(
     code = entry.main(["--job", "j", "--workers", "1", "--nats-url", "nats://127.0.0.1:1"])
     assert code == entry.CRASHED == 70 and code not in MASTER_DONE_CODES
     assert "the master crashed" in caplog.text and "RuntimeError: planted" in caplog.text
+
+
+def test_resource_anomalies_are_logged_once_and_decide_nothing() -> None:
+    """The runtime runs the anomaly rules over the heartbeats' resource samples in RunCommand:
+    a rank whose memory only grows is said once (a warning, a stat), and nothing else changes:
+    no order, no count, the phase stays (early evidence, never acted on alone)."""
+    from aegis_flow.master.anomaly import Anomalies, RssGrowth
+
+    async def go() -> None:
+        mm = master(MemoryStore())
+        await to_running(mm)
+        mm.anomalies = Anomalies(rss=RssGrowth(window=6.0))
+        before, sent = mm.status, len(mm.nc.sent)
+        mb = 2**20
+        for i in range(12):  # 12 heartbeats, rank 1 growing 100 MiB each, rank 0 flat
+            for rank, rss in ((0, 800 * mb), (1, (800 + 100 * i) * mb)):
+                await mm.on_message(msg(rank, p.MsgType.ACK, mm.status.seq, resources={
+                    "procs": [{"pid": 10 + rank, "cpu": 95.0, "rss": rss}]}))
+            mm._watch_resources(mm.status, 1000.0 + i)
+        assert mm.stats["anomaly_rss_growth"] == 1
+        assert mm.stats["anomaly_gpu_idle"] == 0 and mm.stats["anomaly_net_low"] == 0
+        after = mm.status
+        assert (after.phase, after.seq, after.recover_count, after.retries) == (
+            before.phase, before.seq, before.recover_count, before.retries)
+        assert [(w.failures, w.slow, w.hanging) for w in after.workers] == [(0, False, False)] * 2
+        assert orders(mm, "troubleshoot") == []
+        assert all(json.loads(raw)["type"] == "ACK" or "order" not in json.loads(raw)["data"]
+                   for _, raw in mm.nc.sent[sent:])
+
+    asyncio.run(go())

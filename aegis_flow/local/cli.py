@@ -368,7 +368,11 @@ def _status(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(json.loads(raw), indent=2, sort_keys=True))
     else:
-        print(render(raw))
+        from aegis_flow.local.progress import fetch_progress
+
+        port_file = a.state_dir / a.job / "metrics.port"  # a local run's master, if running
+        live = fetch_progress(port_file) if not a.nats_url and port_file.exists() else None
+        print(render(raw, live))
     return 0
 
 

@@ -12,8 +12,34 @@ from aegis_flow.master.store import decode_doc
 from aegis_flow.phases import step_of
 
 
-def render(raw: bytes) -> str:
-    """The status table; for a damaged document, what can still be read of it and why."""
+def resource_lines(live: dict[str, Any] | None) -> list[str]:
+    """What each rank's last heartbeat measured (the master's ``/progress``), one line per
+    rank; [] when nothing was measured (pure)."""
+    rows = []
+    for w in (live or {}).get("workers") or []:
+        if not isinstance(w, dict):
+            continue
+        parts = []
+        if isinstance(w.get("cpu"), int | float):
+            parts.append(f"cpu {w['cpu']:.0f}%")
+        if isinstance(w.get("rss"), int | float):
+            parts.append(f"rss {w['rss'] / 2**20:.0f} MiB")
+        if isinstance(w.get("gpu_util"), int | float):
+            parts.append(f"gpu {w['gpu_util']:.0f}%")
+        if isinstance(w.get("net"), int | float):
+            parts.append(f"net {w['net'] / 1e6:.1f} MB/s")
+        if isinstance(w.get("step_rate"), int | float):
+            parts.append(f"{w['step_rate']:.1f} steps/s")
+        if w.get("frame"):
+            parts.append(f"marked hung, in {w['frame']}")
+        if parts:
+            rows.append(f"{w.get('rank', '?'):>4}  " + " · ".join(parts))
+    return ["", "now (each rank's last heartbeat):", *rows] if rows else []
+
+
+def render(raw: bytes, live: dict[str, Any] | None = None) -> str:
+    """The status table; for a damaged document, what can still be read of it and why.
+    ``live``: the master's ``/progress`` snapshot of a running local job (resources)."""
     try:
         status, doc = decode_doc(raw)
     except ValueError as exc:
@@ -32,6 +58,7 @@ def render(raw: bytes) -> str:
         lines.append(
             f"{pod.rank:>4}  {pod.phase.value:<16} {pod.retries:>7}  {rank_state(pod):<12} "
             f"{pod.node or '-':<18} {pod.last_reason or '-'}")
+    lines += resource_lines(live)
     if status.recover_count:
         lines.append("(retries: the failures each rank is charged with; a recovery brings every "
                      "rank to recoverCount, so a healthy rank shows it too: docs/recovery.md)")

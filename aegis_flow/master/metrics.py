@@ -108,6 +108,29 @@ class MasterMetrics:
                           WORKER_LABELS, registry=r)
         self.up = Gauge("aegis_worker_up", "1 while the worker's heartbeats arrive",
                         WORKER_LABELS, registry=r)
+        # the resource samples heartbeats carry (supervisor/resources.py)
+        self.cpu = Gauge("aegis_worker_cpu_percent", "CPU of the rank's training process "
+                         "(100 = one core busy)", WORKER_LABELS, registry=r)
+        self.rss = Gauge("aegis_worker_rss_bytes", "Resident memory of the rank's training "
+                         "process", WORKER_LABELS, registry=r)
+        self.net = Gauge("aegis_worker_network_bytes_per_second", "The rank's node's network "
+                         "throughput (every interface but lo; link ib: InfiniBand ports)",
+                         (*WORKER_LABELS, "link", "direction"), registry=r)
+        gpu_labels = (*WORKER_LABELS, "gpu")
+        self.gpu_util = Gauge("aegis_gpu_utilization_percent", "GPU utilisation (NVML)",
+                              gpu_labels, registry=r)
+        self.gpu_mem = Gauge("aegis_gpu_memory_used_bytes", "GPU memory used (NVML)",
+                             gpu_labels, registry=r)
+        self.gpu_temp = Gauge("aegis_gpu_temperature_celsius", "GPU temperature (NVML)",
+                              gpu_labels, registry=r)
+        self.gpu_ecc = Gauge("aegis_gpu_ecc_uncorrected", "Volatile uncorrected ECC errors "
+                             "since the driver loaded (NVML)", gpu_labels, registry=r)
+        self.gpu_xid = Counter("aegis_gpu_xid_events", "XID errors NVML reported, by code",
+                               (*gpu_labels, "xid"), registry=r)
+        self.anomalies = Counter(
+            "aegis_anomalies", "Anomaly-rule findings (master/anomaly.py: gpu_idle, "
+            "rss_growth, net_low): early evidence, never acted on alone", (*JOB_LABELS,
+                                                                           "rule"), registry=r)
         self.credential_refusals = Gauge(
             "aegis_credential_refusals", "Credential requests this master refused or ignored "
             "since it started, by reason: new_keys (a rank registering keys in a loop), "

@@ -92,6 +92,31 @@ def failure_cause(event: m.Event, data: dict[str, Any]) -> str:
     return type(event).__name__.lower()
 
 
+def resource_summary(res: dict[str, Any] | None) -> dict[str, Any]:
+    """A rank's resource sample in a few numbers for ``/progress`` and ``status`` (pure):
+    ``cpu`` % and ``rss`` bytes of its processes, ``gpu_util`` (the mean over its GPUs, %),
+    ``net`` bytes/s (rx+tx, every link). Keys absent when the sample has nothing for them."""
+    if not isinstance(res, dict):
+        return {}
+    out: dict[str, Any] = {}
+    procs = [p for p in res.get("procs") or [] if isinstance(p, dict)]
+    cpu = [c for p in procs if (c := _num(p.get("cpu"))) is not None]
+    rss = [b for p in procs if (b := _num(p.get("rss"))) is not None]
+    if cpu:
+        out["cpu"] = round(sum(cpu), 1)
+    if rss:
+        out["rss"] = int(sum(rss))
+    utils = [u for g in res.get("gpus") or [] if isinstance(g, dict)
+             and (u := _num(g.get("util"))) is not None]
+    if utils:
+        out["gpu_util"] = round(sum(utils) / len(utils), 1)
+    rates = [v for link in ("net", "ib") if isinstance(res.get(link), dict)
+             for d in ("rx", "tx") if (v := _num(res[link].get(d))) is not None]
+    if rates:
+        out["net"] = int(sum(rates))
+    return out
+
+
 @dataclass
 class WorkerView:
     """What the observer remembers of one rank (the shell's own, mutable)."""
@@ -109,6 +134,7 @@ class WorkerView:
     doing: str = ""  # what the supervisor says it is busy with (display only)
     doing_for: float = 0.0
     mark: tuple[int, str] = (-1, "")  # (seq, frame): where it was when the job was marked hung
+    resources: dict[str, Any] | None = None  # the last heartbeat's resource sample
 
 
 class Observer:
@@ -203,6 +229,11 @@ class Observer:
         v.doing_for = _num(d.get("doing_for")) or 0.0
         restarts = _num(d.get("child_restarts"))
         v.child_restarts = int(restarts) if restarts is not None else v.child_restarts
+        res = d.get("resources")
+        if isinstance(res, dict):
+            v.resources = res
+            if self.metrics is not None:
+                self._resource_gauges(msg.rank, res)
         mark = d.get("hang_mark")
         if isinstance(mark, dict) and v.mark[0] != msg.seq:  # the first beat after the mark
             frame = str(mark.get("frame") or "")[:200]
@@ -229,6 +260,48 @@ class Observer:
         if step is not None:
             g[4].set(step)
         g[5].set(1)
+
+    def _resource_gauges(self, rank: int, res: dict[str, Any]) -> None:
+        """The heartbeat's resource sample as gauges (malformed values are skipped)."""
+        mt = self.metrics
+        assert mt is not None
+        labels = (self.job, self.namespace, str(rank))
+        procs = [p for p in res.get("procs") or [] if isinstance(p, dict)][:16]
+        cpu = [c for p in procs if (c := _num(p.get("cpu"))) is not None]
+        rss = [b for p in procs if (b := _num(p.get("rss"))) is not None]
+        if cpu:
+            mt.cpu.labels(*labels).set(sum(cpu))
+        if rss:
+            mt.rss.labels(*labels).set(sum(rss))
+        for link in ("net", "ib"):
+            rates = res.get(link)
+            if isinstance(rates, dict):
+                for direction in ("rx", "tx"):
+                    value = _num(rates.get(direction))
+                    if value is not None:
+                        mt.net.labels(*labels, link, direction).set(value)
+        for gpu in [g for g in res.get("gpus") or [] if isinstance(g, dict)][:16]:
+            index = _num(gpu.get("i"))
+            if index is None:
+                continue
+            g = (*labels, str(int(index)))
+            for gauge, key in ((mt.gpu_util, "util"), (mt.gpu_mem, "mem"),
+                               (mt.gpu_temp, "temp"), (mt.gpu_ecc, "ecc")):
+                value = _num(gpu.get(key))
+                if value is not None:
+                    gauge.labels(*g).set(value)
+            for xid in (gpu.get("xid") or [])[:4]:
+                if isinstance(xid, int) and not isinstance(xid, bool):
+                    mt.gpu_xid.labels(*g, str(xid)).inc()
+
+    def anomaly(self, rank: int, rule: str, detail: str, now: float) -> None:
+        """An anomaly rule fired (runtime, anomaly.py): a fault-log line and a metric."""
+        if self.metrics is not None:
+            self.metrics.anomalies.labels(self.job, self.namespace, rule).inc()
+        phase = self.status.phase.value if self.status is not None else ""
+        self._line("report", now, phase, f"early evidence ({rule}): {detail}; not acted on "
+                   "alone", rank=rank, cause=f"anomaly_{rule}", level="warning")
+        self._flush()
 
     def violation(self, name: str, event: m.Event, phase: str, now: float) -> None:
         """The runtime monitor found a broken invariant (master/monitor.py)."""
@@ -319,7 +392,8 @@ class Observer:
                          "node": pod.node, "step_rate": v.step_rate, "step": v.step,
                          "child_restarts": v.child_restarts, "doing": v.doing,
                          "doing_for": v.doing_for,
-                         "frame": v.mark[1] if v.mark[0] == st.seq else ""}
+                         "frame": v.mark[1] if v.mark[0] == st.seq else "",
+                         **resource_summary(v.resources)}
                         for pod, v in zip(st.workers, self.views, strict=True)]}
 
     # -- the parts of transition ------------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from aegis_flow import protocol as p
 from aegis_flow.master import machine as m
 from aegis_flow.master import policy
+from aegis_flow.master.anomaly import Anomalies
 from aegis_flow.master.model import RDZV_RANK0, RDZV_SPAN, evolve
 from aegis_flow.master.placement import Placement, trusted_node
 from aegis_flow.master.slowness import SlowDetector
@@ -168,6 +169,10 @@ class Master:
         self.forward_ms: dict[int, tuple[int, float]] = {}
         self.slow = SlowDetector(cfg.slow_fraction, cfg.slow_window)
         self._slow_since: dict[int, float] = {}  # rank → when the runtime first saw it slow
+        # each rank's last resource sample (heartbeats: resources.py) in its current run, and
+        # the anomaly rules over them (anomaly.py): early evidence, logged, never acted on alone
+        self.resources: dict[int, tuple[int, dict[str, Any]]] = {}
+        self.anomalies = Anomalies()
         self._timing = bool(os.environ.get("AEGIS_TIMING"))
         self.ready = False  # connected to NATS and the status loaded (/readyz)
         self.stopped_by = ""  # a signal asked the master to stop (request_stop)
@@ -404,9 +409,16 @@ class Master:
         if (isinstance(steps, int) and isinstance(forwards, int) and not isinstance(steps, bool)
                 and not isinstance(forwards, bool) and steps >= 0 and forwards >= 0):
             self.counts[msg.rank] = (msg.seq, steps, forwards)
-        ms = progress.get("forward_ms")
+        ms = progress.get("forward_ms")  # (the resources are kept by _keep_resources)
         if isinstance(ms, int | float) and not isinstance(ms, bool) and 0 < ms < 1e9:
             self.forward_ms[msg.rank] = (msg.seq, float(ms))
+
+    def _keep_resources(self, msg: p.Message) -> None:
+        """Keep the resource sample a heartbeat carries (data, no decision)."""
+        res = msg.data.get("resources") if isinstance(msg.data, dict) else None
+        if msg.type is p.MsgType.ACK and isinstance(res, dict) and 0 <= msg.rank < \
+                self.cfg.workers:
+            self.resources[msg.rank] = (msg.seq, res)
 
     def _activity(self, seq: int) -> tuple[tuple[int, int, int], ...]:
         """Every rank's counts in the run of order ``seq`` (a count of an older run is not
@@ -493,6 +505,7 @@ class Master:
             if self.status.outage:  # a worker is heard again: the control plane is back
                 await self.apply(m.ControlPlaneBack())
         self._count(msg)
+        self._keep_resources(msg)
         if isinstance(event, m.HangWithQuit):
             event = dataclasses.replace(event, activity=self._activity(event.seq))
         if self.observer is not None:
@@ -580,6 +593,7 @@ class Master:
         if await self._bound_the_finish(st, now):
             return
         await self._watch_slow(st, now)
+        self._watch_resources(st, now)
         if self.security is not None:
             self._count_refusals(self.security.counters())
         if self.store_down_since is not None or (
@@ -666,6 +680,22 @@ class Master:
                            f"{self.cfg.slow_evict_within:.0f} s: training goes on on the slow "
                            "node (a slow node is better than lost progress); it is evicted "
                            "right after the next checkpoint", logging.WARNING)
+
+    def _watch_resources(self, st: m.Status, now: float) -> None:
+        """The anomaly rules (anomaly.py) over every running rank's last resource sample: a
+        GPU idle while its peers are busy, memory that only grows, a node's network far below
+        its peers'. Early evidence: logged (warning, fault log, a metric), never a decision."""
+        if st.phase is not m.Phase.RUNCOMMAND:
+            return
+        samples = {r: res for r, (seq, res) in self.resources.items()
+                   if seq == st.seq and not st.workers[r].finished}
+        self.anomalies, found = self.anomalies.observe(now, samples)
+        for f in found:
+            self.stats[f"anomaly_{f.rule}"] += 1
+            self._note(f"early evidence, not acted on alone: rank {f.rank} {f.rule} "
+                       f"({f.detail})", logging.WARNING)
+            if self.observer is not None:
+                self.observer.anomaly(f.rank, f.rule, f.detail, time.time())
 
     async def _nats_error(self, exc: Exception) -> None:
         """While NATS is out the client fails twice a second: say it once per 30 s."""

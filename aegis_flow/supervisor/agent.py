@@ -44,6 +44,7 @@ from aegis_flow.supervisor.ckptwatch import Watch, newest_complete
 from aegis_flow.supervisor.inject import Injection, fired_marker
 from aegis_flow.supervisor.integrity import RESUME_LINK, checkpoint_number
 from aegis_flow.supervisor.prewarm import Zygote, start_zygote
+from aegis_flow.supervisor.resources import Sampler
 from aegis_flow.supervisor.saver import Saver, saver_env
 from aegis_flow.supervisor.stats import BeatClock, StepRate, gpu_type
 from aegis_flow.supervisor.waiting import wait_or_cancel
@@ -253,6 +254,9 @@ class Supervisor:
         # where a fault-tolerance checkpoint round the master asks for is written (its run id):
         # $AEGIS_SAVE_REQUEST of the training process and the saver (checkpoint.requested())
         self.save_request = tempfile.mktemp(prefix="aegis-save-request-")
+        # the training process's CPU and memory, the node's network, the GPUs (NVML when
+        # present), sampled into every heartbeat (resources.py; the master's anomaly rules)
+        self.sampler = Sampler()
 
     # -- messages ---------------------------------------------------------------------------
     def _msg(self, mtype: p.MsgType, seq: int, data: dict[str, Any]) -> p.Message:
@@ -298,7 +302,16 @@ class Supervisor:
                 "doing_for": round(time.monotonic() - self.doing_since, 1),
                 **({"hang_mark": {"ranks": list(self.marked), "frame": self.marked_frame}}
                    if self.marked and self.marked_seq == self.seq else {}),
+                "resources": self._resources(running),
                 **({"saver": self.saver.data()} if self.saver is not None else {})}
+
+    def _resources(self, running: bool) -> dict[str, Any]:
+        """This heartbeat's resource sample (never raises: a failed sample is an empty one)."""
+        pids = [self.child.pid] if running and self.child is not None else []
+        try:
+            return self.sampler.sample(time.monotonic(), pids)
+        except Exception:  # noqa: BLE001 - monitoring must never stop a heartbeat
+            return {}
 
     def _step_rate(self) -> float | None:
         """Steps per second: the script's own step numbers, else its optimizer steps."""
@@ -782,6 +795,8 @@ class Supervisor:
         finally:
             if self.saver is not None:
                 await self.saver.close()
+            with contextlib.suppress(Exception):
+                self.sampler.close()
             for leftover in (self.save_request, f"{self.save_request}.tmp"):
                 with contextlib.suppress(OSError):
                     os.unlink(leftover)
