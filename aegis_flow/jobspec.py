@@ -139,6 +139,9 @@ class JobSpec(BaseModel):
     # the master marks it slow (T13s; evicted right after the next checkpoint, T13e): the
     # master's --slow-window, rendered only when it differs from the master's default
     slow_window: int = SLOW_WINDOW
+    # ranks per worker pod (torchrun's --nproc-per-node; one per GPU): the supervisor starts
+    # them all; the pod (a node) is still what fails, restarts and is rescheduled as one
+    nproc_per_node: int = 1
     # zero intrusion: an init container copies the supervisor bundle into the pod and the
     # worker runs it with the image's own Python; False: the image has aegis-flow installed
     inject_supervisor: bool = True
@@ -340,6 +343,16 @@ class JobSpec(BaseModel):
             if not key or any(c.isspace() for c in key):
                 raise ValueError(f"node_selector key {key!r} is not a label key")
         return v
+
+    @model_validator(mode="after")
+    def _nproc_fits(self) -> JobSpec:
+        if not 1 <= self.nproc_per_node <= 64:
+            raise ValueError(f"nproc_per_node ({self.nproc_per_node}) must be between 1 and 64")
+        if self.gpus_per_worker and self.nproc_per_node > self.gpus_per_worker:
+            raise ValueError(f"nproc_per_node ({self.nproc_per_node}) is more than the "
+                             f"{self.gpus_per_worker} GPU(s) each worker pod asks for "
+                             "(gpus_per_worker): one rank per GPU")
+        return self
 
     @model_validator(mode="after")
     def _quarantine_label(self) -> JobSpec:

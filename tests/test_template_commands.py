@@ -178,3 +178,18 @@ def test_a_jobs_slow_window_configures_the_master(
     # the default renders no flag: the master's own default holds
     assert run_master_main(T["master"]["container"], tmp_path / "default",
                            monkeypatch)["cfg"].slow_window == 60
+
+
+def test_nproc_per_node_reaches_the_supervisor_and_the_pod_asks_for_its_gpus() -> None:
+    from aegis_flow.supervisor.__main__ import parse
+
+    wf = render(JobSpec(image="img", command=("python", "train.py"), workers=4,
+                        gpus_per_worker=8, nproc_per_node=8))
+    c = next(t for t in wf["spec"]["templates"] if t["name"] == "worker")["container"]
+    cfg, _ = parse(fill(c["command"])[2:])
+    assert (cfg.nproc_per_node, cfg.world_size, cfg.rank) == (8, 4, 1)
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    # the default renders no flag: one rank per worker, as before
+    default, _ = parse(fill(T["worker"]["container"]["command"])[2:])
+    assert default.nproc_per_node == 1
+    assert "--nproc-per-node" not in T["worker"]["container"]["command"]

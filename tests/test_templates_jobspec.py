@@ -32,6 +32,7 @@ def test_defaults_and_the_cluster_nats() -> None:
     ("connect_timeout", 5, "between 10 s and 7 days"),
     ("replace_timeout", 10**7, "between 10 s and 7 days"),
     ("slow_window", -1, "slow_window (-1 s) must be between 0 s"),
+    ("nproc_per_node", 0, "nproc_per_node (0) must be between 1 and 64"),
     ("workrs", 3, "unknown field 'workrs': check the spelling"),
     ("node_selector", {"aegis.io/quarantined": "x"}, "already keeps workers off"),
 ])
@@ -40,6 +41,12 @@ def test_bad_values_are_named_with_the_fix(field: str, value: object, says: str)
         JobSpec.parse({**BASE, field: value})
     assert says in str(exc.value)
     assert "Value error" not in str(exc.value)
+
+
+def test_nproc_per_node_is_at_most_one_rank_per_gpu() -> None:
+    with pytest.raises(JobSpecError, match=r"nproc_per_node \(4\) is more than the 2 GPU"):
+        JobSpec.parse({**BASE, "gpus_per_worker": 2, "nproc_per_node": 4})
+    assert JobSpec.parse({**BASE, "nproc_per_node": 4}).nproc_per_node == 4  # CPU: any
 
 
 def test_missing_image_is_required() -> None:

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from aegis_flow import protocol as p
-from aegis_flow.argtypes import job_name, non_negative_int, port, positive_seconds, whole_number
+from aegis_flow.argtypes import (
+    job_name,
+    non_negative_int,
+    port,
+    positive_int,
+    positive_seconds,
+    whole_number,
+)
 from aegis_flow.settings import LOCAL, MASTER, WORKER
 
 SubParsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -118,6 +125,11 @@ def add_parsers(sub: Any) -> None:
                    "its output is shown as [rank N saver], it is restarted 3 s "
                    "after every exit (exit 0 too: it is a daemon) and stopped when its worker "
                    "ends; training never waits for it")
+    r.add_argument("--nproc-per-node", type=positive_int, default=1, metavar="K",
+                   help="ranks per worker, as torchrun's --nproc-per-node (one per GPU): the "
+                   "job trains with WORKERS*K ranks, each with LOCAL_RANK, RANK, WORLD_SIZE, "
+                   "LOCAL_WORLD_SIZE and GROUP_RANK/NODE_RANK set as torchrun sets them; a "
+                   "worker (a node) is what fails, restarts and is replaced as one (default 1)")
     r.add_argument("--causes", default=None, metavar="FILE",
                    help="your own cause table (TOML, the format of aegis-flow's "
                    "data/causes.toml): extends or overrides the default rules every worker's "
@@ -241,7 +253,8 @@ def _run(a: argparse.Namespace) -> int:
                         jwt_lifetime=a.jwt_lifetime, hang_after=hang[0], hang_quit_after=hang[1],
                         give_up_on_repeat=a.give_up_on_repeat, rerun=a.rerun, saver=saver,
                         checkpoint_dir=a.checkpoint_dir, checkpoint_pattern=a.checkpoint_pattern,
-                        causes=os.path.abspath(a.causes) if a.causes else "")
+                        causes=os.path.abspath(a.causes) if a.causes else "",
+                        nproc_per_node=a.nproc_per_node)
         check_local(cfg)
     except ConfigError as exc:
         return report(exc)

@@ -98,6 +98,7 @@ class RunConfig:
     checkpoint_dir: str = ""  # the command's checkpoints: watched and gated (supervisor)
     checkpoint_pattern: str = "ckpt-*"
     causes: str = ""  # the user's cause table (--causes): every supervisor's classifier
+    nproc_per_node: int = 1  # ranks per worker (torchrun's --nproc-per-node)
     # extra environment for the supervisor on one node (and so its checks and command):
     # (node, NAME, value), e.g. ("local-node-1", "AEGIS_SYSFS_ROOT", "/mnt/host-sys")
     node_env: tuple[tuple[str, str, str], ...] = ()
@@ -327,6 +328,7 @@ class LocalJob:
                 *(["--checkpoint-dir", os.path.abspath(c.checkpoint_dir), "--checkpoint-pattern",
                    c.checkpoint_pattern] if c.checkpoint_dir else []),
                 *(["--causes", c.causes] if c.causes else []),
+                *(["--nproc-per-node", str(c.nproc_per_node)] if c.nproc_per_node > 1 else []),
                 *c.extra_worker_args, "--", *c.command]
 
     def _secure_nats(self) -> Path:

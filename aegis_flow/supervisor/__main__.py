@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 
-from aegis_flow.argtypes import positive_seconds, saver_command
+from aegis_flow.argtypes import positive_int, positive_seconds, saver_command
 from aegis_flow.outcome import write_outcome
 from aegis_flow.settings import MASTER, WORKER, ConfigError, check_worker, env_value, report
 from aegis_flow.supervisor.agent import Supervisor, WorkerConfig
@@ -93,6 +93,11 @@ def build_parser(prog: str = "aegis-flow worker") -> argparse.ArgumentParser:
                     help="which names in --checkpoint-dir are checkpoints, newest = largest "
                     "number in the name (default 'ckpt-*'; e.g. 'step_*' for "
                     "torch.distributed.checkpoint directories)")
+    ap.add_argument("--nproc-per-node", type=positive_int, default=1, metavar="K",
+                    help="local ranks this worker runs, as torchrun's --nproc-per-node (one "
+                    "per GPU): each gets LOCAL_RANK 0..K-1, RANK = rank*K + local, WORLD_SIZE = "
+                    "world-size*K, LOCAL_WORLD_SIZE, GROUP_RANK/NODE_RANK = rank; any local "
+                    "rank's failure is this worker's, and a restart restarts all K (default 1)")
     ap.add_argument("--causes", default=env("AEGIS_CAUSES", "") or None, metavar="FILE",
                     help="your own cause table (TOML, the format of aegis-flow's "
                     "data/causes.toml; env AEGIS_CAUSES): extends or overrides the default "
@@ -147,7 +152,8 @@ def _parse(argv: list[str], prog: str) -> tuple[WorkerConfig, str]:
                        prewarm=a.prewarm, nkey_seed=a.nkey_seed,
                        hang_after=a.hang_after, hang_quit_after=a.hang_quit_after,
                        creds=a.creds, saver=a.saver, checkpoint_dir=a.checkpoint_dir,
-                       checkpoint_pattern=a.checkpoint_pattern, causes_file=a.causes)
+                       checkpoint_pattern=a.checkpoint_pattern, causes_file=a.causes,
+                       nproc_per_node=a.nproc_per_node)
     check_worker(cfg, master_connect_timeout=a.master_connect_timeout)
     return cfg, a.outcome_dir
 

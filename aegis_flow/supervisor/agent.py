@@ -80,6 +80,9 @@ class WorkerConfig:
     saver: tuple[str, ...] = ()  # a checkpoint saver run beside training (saver.py); () none
     checkpoint_dir: str = ""  # where the command's checkpoints are: watched, gated before a run
     checkpoint_pattern: str = "ckpt-*"  # which names in it are checkpoints (a glob)
+    # local ranks this worker runs (torchrun's --nproc-per-node): RANK = rank·K + local,
+    # WORLD_SIZE = world_size·K; the master still sees one worker (the unit it replaces)
+    nproc_per_node: int = 1
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
@@ -211,7 +214,7 @@ class Supervisor:
         self.seq = -1
         self.phase = Phase.PENDING
         self.last_report: p.Message | None = None
-        self.child: childmod.Child | None = None
+        self.child: childmod.Child | childmod.ChildGroup | None = None
         self.activity: asyncio.Task[None] | None = None
         self.exit_code: asyncio.Future[int] | None = None
         self.nc: Any = None
@@ -307,7 +310,9 @@ class Supervisor:
 
     def _resources(self, running: bool) -> dict[str, Any]:
         """This heartbeat's resource sample (never raises: a failed sample is an empty one)."""
-        pids = [self.child.pid] if running and self.child is not None else []
+        child = self.child
+        pids = ([] if not running or child is None else
+                child.pids if isinstance(child, childmod.ChildGroup) else [child.pid])
         try:
             return self.sampler.sample(time.monotonic(), pids)
         except Exception:  # noqa: BLE001 - monitoring must never stop a heartbeat
@@ -478,15 +483,21 @@ class Supervisor:
         env = dict(os.environ)
         rdzv = msg.data.get("rendezvous", {}) if msg else {}
         restart = int(msg.data.get("restart_count", 0)) if msg else 0
+        k = self.cfg.nproc_per_node
         env.update({
-            "RANK": str(self.cfg.rank), "LOCAL_RANK": os.environ.get("LOCAL_RANK", "0"),
-            "WORLD_SIZE": str(self.cfg.world_size),
+            "RANK": str(self.cfg.rank * k),
+            "LOCAL_RANK": os.environ.get("LOCAL_RANK", "0") if k == 1 else "0",
+            "WORLD_SIZE": str(self.cfg.world_size * k),
             "MASTER_ADDR": str(rdzv.get("addr", os.environ.get("MASTER_ADDR", "127.0.0.1"))),
             "MASTER_PORT": str(rdzv.get("port", os.environ.get("MASTER_PORT", "29500"))),
             "AEGIS_RESTART_COUNT": str(restart), "AEGIS_JOB": self.cfg.job,
             "PYTHONUNBUFFERED": "1", "AEGIS_WORK_DIR": os.path.abspath(self.cfg.work_dir),
             "AEGIS_NODE": self.cfg.node,
         })
+        if k > 1:  # as torchrun sets them; CUDA_VISIBLE_DEVICES is left as it is (torchrun
+            # too): each local rank picks its GPU with LOCAL_RANK (local_env)
+            env.update({"LOCAL_WORLD_SIZE": str(k), "GROUP_RANK": str(self.cfg.rank),
+                        "NODE_RANK": str(self.cfg.rank), "AEGIS_WORKER_RANK": str(self.cfg.rank)})
         if self.progress is not None:
             env["AEGIS_PROGRESS_SOCKET"] = self.progress.path
         env["AEGIS_SAVE_REQUEST"] = self.save_request
@@ -616,10 +627,17 @@ class Supervisor:
         in a row on one rank is a deterministic error)."""
         cause = self._classify(status.tail)
         text = status.cause if not cause.known else f"{status.cause} ({cause.code})"
+        group = self.child if isinstance(self.child, childmod.ChildGroup) else None
+        if group is not None and group.failed_local is not None:  # which of the K local ranks
+            local = group.failed_local
+            text = f"local rank {local} (rank {self.cfg.rank * self.cfg.nproc_per_node + local})" \
+                   f": {text}"
         data: dict[str, Any] = {
             "cause": text, "code": status.code, "signal": status.signal,
             "cause_code": cause.code, "cause_class": cause.klass,
-            "tail": list(status.tail)[-10:], "ended_at": ended_at}
+            "tail": list(status.tail)[-10:], "ended_at": ended_at,
+            **({"local_rank": group.failed_local} if group is not None
+               and group.failed_local is not None else {})}
         exc = exception_of(status.tail) if status.signal is None else None
         if exc is not None:
             if self.progress is not None:  # the steps reported just before it died
@@ -669,7 +687,7 @@ class Supervisor:
 
         return on_line
 
-    async def _watch_hang(self, child: childmod.Child) -> None:
+    async def _watch_hang(self, child: childmod.Child | childmod.ChildGroup) -> None:
         """Progress watchdog: progress.step() reports, else output activity (T13/T14)."""
         seq, dog = self.seq, HangWatchdog(self.cfg.hang_after, self.cfg.hang_quit_after,
                                           started=time.time())
@@ -766,8 +784,28 @@ class Supervisor:
 
         return [warm, cold]
 
-    async def _start(self, env: dict[str, str]) -> childmod.Child:
-        prefix = f"[rank {self.cfg.rank}] "
+    def local_env(self, env: dict[str, str], local: int) -> dict[str, str]:
+        """The environment of local rank ``local`` of this worker (``--nproc-per-node``)."""
+        k = self.cfg.nproc_per_node
+        return {**env, "RANK": str(self.cfg.rank * k + local), "LOCAL_RANK": str(local)}
+
+    async def _start(self, env: dict[str, str]) -> childmod.Child | childmod.ChildGroup:
+        """Start the command: one process, or one per local rank (``--nproc-per-node``, a
+        group that fails as one). A start that fails midway stops the ranks already started."""
+        if self.cfg.nproc_per_node == 1:
+            return await self._start_one(env, self.cfg.rank)
+        started: list[childmod.Child] = []
+        try:
+            for local in range(self.cfg.nproc_per_node):
+                local_env = self.local_env(env, local)
+                started.append(await self._start_one(local_env, int(local_env["RANK"])))
+        except BaseException:
+            await asyncio.gather(*(c.stop(1.0) for c in started), return_exceptions=True)
+            raise
+        return childmod.ChildGroup(started, grace=self.cfg.grace)
+
+    async def _start_one(self, env: dict[str, str], rank: int) -> childmod.Child:
+        prefix = f"[rank {rank}] "
         live = self._live_trigger(self.seq)
         try:
             if self.zygote is not None and await self._prewarmed(self.zygote):

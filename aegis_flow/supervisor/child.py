@@ -173,6 +173,72 @@ class Child:
         return await self.wait()
 
 
+class ChildGroup:
+    """The K local ranks of one worker (``--nproc-per-node K``), seen as one child: the worker
+    fails when any of them fails, and an in-place restart restarts all K.
+
+    ``wait()`` returns when every local rank has exited 0 (the first one's status), or at the
+    first that fails: the others are then stopped (SIGTERM, ``grace``, SIGKILL: without their
+    peer they would block in a collective) and the failure's status is returned, its local rank
+    in ``failed_local``. ``pid`` is local rank 0's (the hang watchdog's process); ``pids`` all.
+    """
+
+    def __init__(self, children: Sequence[Child], grace: float = 5.0) -> None:
+        if not children:
+            raise ValueError("a group of no processes")
+        self.children = list(children)
+        self.pid = self.children[0].pid
+        self.pids = [c.pid for c in self.children]
+        self.grace = grace
+        self.failed_local: int | None = None
+        self.status: ExitStatus | None = None
+        self._waited: asyncio.Future[ExitStatus] | None = None
+
+    @property
+    def running(self) -> bool:
+        return any(c.running for c in self.children)
+
+    @property
+    def last_output(self) -> float | None:
+        seen = [c.last_output for c in self.children if c.last_output is not None]
+        return max(seen) if seen else None
+
+    async def ended(self) -> int:
+        status = await self.wait()
+        return -status.signal if status.signal is not None else status.code
+
+    def wait(self) -> asyncio.Future[ExitStatus]:
+        if self._waited is None:
+            self._waited = asyncio.ensure_future(self._wait())
+        return asyncio.shield(self._waited)
+
+    async def _wait(self) -> ExitStatus:
+        pending = {asyncio.ensure_future(c.wait()): i for i, c in enumerate(self.children)}
+        first: ExitStatus | None = None
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                local = pending.pop(fut)
+                status = fut.result()
+                if first is None:
+                    first = status
+                if not status.ok and self.failed_local is None:
+                    self.failed_local, first = local, status
+                    await asyncio.gather(*(c.stop(self.grace) for c in self.children
+                                           if c.running), return_exceptions=True)
+        assert first is not None
+        self.status = first
+        return first
+
+    def signal_group(self, sig: int) -> None:
+        for c in self.children:
+            c.signal_group(sig)
+
+    async def stop(self, grace: float = 5.0) -> ExitStatus:
+        await asyncio.gather(*(c.stop(grace) for c in self.children), return_exceptions=True)
+        return await self.wait()
+
+
 async def start(cmd: Sequence[str], env: Mapping[str, str], *, prefix: str = "",
                 tail_lines: int = 50, on_line: Callable[[str], None] | None = None) -> Child:
     """Start ``cmd`` in a new session; raises FileNotFoundError/PermissionError as exec does."""

@@ -103,6 +103,9 @@ def _job_flags(r: Any) -> None:
                    help="seconds a rank's forwards must take more than twice its peers' "
                    "median before the master marks it slow; it is evicted (exit 72, its node "
                    "quarantined) right after the next checkpoint (default 60)")
+    r.add_argument("--nproc-per-node", type=int, metavar="K",
+                   help="ranks per worker pod, as torchrun's --nproc-per-node (one per GPU; at "
+                   "most --gpus-per-worker): the job trains with workers*K ranks (default 1)")
     r.add_argument("--python", help="the interpreter in the training image that runs the "
                    "supervisor bundle (default python3)")
     r.add_argument("--no-bundle", dest="inject_supervisor", action="store_false", default=None,
@@ -142,7 +145,7 @@ def _spec_from_args(args: argparse.Namespace) -> Any:
                 "metrics_port", "grpc_tls_secret", "grpc_plaintext", "grpc_tls_client_secret",
                 "grpc_tls_server_name", "bootstrap_secret", "checkpoint_claim",
                 "checkpoint_dir", "connect_timeout", "replace_timeout", "slow_window",
-                "saver"):
+                "saver", "nproc_per_node"):
         value = getattr(args, key)
         if value is not None:
             fields[key] = value

@@ -41,6 +41,8 @@ def worker_command(spec: JobSpec, *, rank: str) -> list[str]:
             "--orphan-timeout", str(MASTER_BACK + 180),
             *(["--work-dir", spec.checkpoint_dir] if spec.checkpoint_claim else []),
             *(["--saver", spec.saver] if spec.saver else []),
+            *(["--nproc-per-node", str(spec.nproc_per_node)] if spec.nproc_per_node > 1
+              else []),
             "--", *spec.command]
 
 
