@@ -41,7 +41,7 @@ class Bar:
 class Mark:
     row: str
     at: float
-    kind: str  # fault | quarantine | replaced | recovered
+    kind: str  # fault | quarantine | replaced | recovered | evidence
     text: str
 
 
@@ -59,6 +59,10 @@ class Timeline:
 def _row(rec: Mapping[str, Any]) -> str:
     rank = rec.get("rank")
     return JOB_ROW if rank is None else f"rank {rank}"
+
+
+#: fault-log causes that are evidence, not faults: drawn as a diamond, never a recovery's start
+EVIDENCE_CAUSES = ("anomaly_", "hang_mark")
 
 
 def timeline(records: Iterable[Mapping[str, Any]]) -> Timeline:
@@ -82,6 +86,10 @@ def timeline(records: Iterable[Mapping[str, Any]]) -> Timeline:
                 start, phase = open_bars[row]
                 bars.append(Bar(row, start, at, phase))
             open_bars[row] = (at, str(r["Phase"]))
+        elif kind == "report" and str(r.get("cause", "")).startswith(EVIDENCE_CAUSES):
+            # early evidence (an anomaly rule; where a rank was when the job was marked hung):
+            # drawn, but not a fault a recovery answers
+            marks.append(Mark(row, at, "evidence", str(r["cause"])))
         elif kind == "report" and r.get("cause"):
             marks.append(Mark(row, at, "fault", f"{r['cause']}"))
         elif kind == "quarantine":
@@ -113,7 +121,7 @@ def recovery_window(tl: Timeline) -> tuple[float, float] | None:
 
 
 _STYLES = {"fault": ("X", "#b30000", 90), "quarantine": ("s", "black", 70),
-           "replaced": ("^", "#e6550d", 70)}
+           "replaced": ("^", "#e6550d", 70), "evidence": ("d", "#6a51a3", 50)}
 
 
 def _draw(ax: Any, tl: Timeline, lo: float, hi: float) -> None:

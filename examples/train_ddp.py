@@ -22,7 +22,9 @@ Output (everything else is silent):
   right after its first optimizer step in this process:
   ``AEGIS_FIRST_STEP <unix time>`` and, on the next line,
   ``AEGIS_FIRST_STEP_INFO rank R restart N pid P at <the same time>`` (N: AEGIS_RESTART_COUNT,
-  else TORCHELASTIC_RESTART_COUNT, else 0); the recovery benchmark reads them;
+  else TORCHELASTIC_RESTART_COUNT, else 0); the recovery benchmark reads them; then
+  ``AEGIS_INIT rank R restart N seconds S``: the CUDA device, process group and (NCCL) first
+  collective's setup time of this process (``bench/gpu_check.py`` reads it);
 * rank 0, every ``--checkpoint-every`` steps: ``step S loss L``;
 * with ``AEGIS_TIMING=1``, every rank, at the end: ``AEGIS_RATE <steps/s>`` over the steps
   this process ran, not
@@ -231,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     master_addr = os.environ.get("MASTER_ADDR") or "127.0.0.1"
     master_port = env_int("MASTER_PORT")
 
+    init_started = time.time()  # CUDA device + process group (+ NCCL) init: AEGIS_INIT
     backend = args.backend
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -248,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         world_size=world,
         timeout=datetime.timedelta(seconds=args.pg_timeout),
     )
+    if backend == "nccl":  # NCCL's communicators are made lazily: include the first collective
+        dist.barrier(device_ids=[local_rank])
+    init_seconds = time.time() - init_started
 
     model = make_model(args.seed).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -305,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"AEGIS_FIRST_STEP {first_step_time:.6f}\n"
                 f"AEGIS_FIRST_STEP_INFO rank {rank} restart {shown_restart} pid {os.getpid()} "
-                f"at {first_step_time:.6f}",
+                f"at {first_step_time:.6f}\n"
+                f"AEGIS_INIT rank {rank} restart {shown_restart} seconds {init_seconds:.4f}",
                 flush=True,
             )
         report_progress(step)

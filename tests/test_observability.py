@@ -370,3 +370,23 @@ def test_a_taken_metrics_port_does_not_stop_the_master(caplog: pytest.LogCapture
         assert http_get(server.url + "/readyz")[0] == 503  # not connected, status not loaded
     finally:
         server.stop()
+
+
+def test_early_evidence_is_drawn_but_starts_no_recovery_window(tmp_path: Path) -> None:
+    """An anomaly finding or a hang mark's frame is drawn (a diamond on its rank's row) and is
+    not a fault: a job with only evidence has no recovery window."""
+    from aegis_flow.master.faultlog import record
+
+    recs = [record("phase_start", now=100.0, phase="RunCommand", message="RunCommand"),
+            record("phase_start", now=100.0, phase="RunCommand", message="RunCommand", rank=0),
+            record("report", now=130.0, phase="RunCommand", message="early evidence",
+                   cause="anomaly_rss_growth", rank=0),
+            record("report", now=131.0, phase="RunCommand", message="marked hung",
+                   cause="hang_mark", rank=0),
+            record("summary", now=140.0, phase="Succeed", message="job Succeed")]
+    tl = timeline(recs)
+    assert [(mk.kind, mk.text) for mk in tl.marks] == [
+        ("evidence", "anomaly_rss_growth"), ("evidence", "hang_mark")]
+    assert recovery_window(tl) is None
+    out = draw_timeline(recs, tmp_path / "evidence.png")
+    assert out.read_bytes()[:4] == b"\x89PNG"
