@@ -62,7 +62,7 @@ def _row(rec: Mapping[str, Any]) -> str:
 
 
 #: fault-log causes that are evidence, not faults: drawn as a diamond, never a recovery's start
-EVIDENCE_CAUSES = ("anomaly_", "hang_mark")
+EVIDENCE_CAUSES = ("anomaly_", "hang_mark", "slow")
 
 
 def timeline(records: Iterable[Mapping[str, Any]]) -> Timeline:
@@ -87,7 +87,8 @@ def timeline(records: Iterable[Mapping[str, Any]]) -> Timeline:
                 bars.append(Bar(row, start, at, phase))
             open_bars[row] = (at, str(r["Phase"]))
         elif kind == "report" and str(r.get("cause", "")).startswith(EVIDENCE_CAUSES):
-            # early evidence (an anomaly rule; where a rank was when the job was marked hung):
+            # early evidence (an anomaly rule; where a rank was when the job was marked hung;
+            # a slow mark, whose eviction is drawn as the replacement it is):
             # drawn, but not a fault a recovery answers
             marks.append(Mark(row, at, "evidence", str(r["cause"])))
         elif kind == "report" and r.get("cause"):

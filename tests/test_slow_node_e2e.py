@@ -13,6 +13,7 @@ succeeds with nothing charged.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -57,6 +58,9 @@ def test_a_slow_node_is_evicted_right_after_the_next_checkpoint_and_never_before
     status = job.status()["status"]
     assert status["phase"] == "Succeed" and status["recover_count"] == 0  # not a failure
     assert status["error_nodes"] == ["local-node-1"]
+    faults = [json.loads(line) for line in
+              (tmp_path / "job" / "logs" / "faults.jsonl").read_text().splitlines()]
+    assert [r["rank"] for r in faults if r.get("cause") == "slow" and r["kind"] == "report"] == [1]
     # steps redone after the eviction: those trained between the checkpoint and the stop
     rows = [line.split() for line in log.read_text().splitlines()]
     starts = [i for i, r in enumerate(rows) if r[0] == "start"]

@@ -108,6 +108,9 @@ class MasterMetrics:
                           WORKER_LABELS, registry=r)
         self.up = Gauge("aegis_worker_up", "1 while the worker's heartbeats arrive",
                         WORKER_LABELS, registry=r)
+        self.slow = Gauge("aegis_worker_slow", "1 while the rank is marked slow (T13s): it is "
+                          "evicted right after the next checkpoint (T13e)", WORKER_LABELS,
+                          registry=r)
         # the resource samples heartbeats carry (supervisor/resources.py)
         self.cpu = Gauge("aegis_worker_cpu_percent", "CPU of the rank's training process "
                          "(100 = one core busy)", WORKER_LABELS, registry=r)

@@ -441,6 +441,11 @@ class Observer:
             self._line("report", now, phase.value, f"{type(event).__name__} (seq "
                        f"{getattr(event, 'seq', before.seq)}): {text}", rank=rank, cause=cause,
                        level=level)
+        elif isinstance(event, m.Slow):  # T13s: marked (evicted right after a checkpoint)
+            detail = f": {event.detail}" if event.detail else ""
+            self._line("report", now, before.phase.value, f"slow{detail}; evicted right after "
+                       "the next checkpoint", rank=event.rank,
+                       cause="slow", level="warning")
         elif isinstance(event, m.Stop | m.ConnectTimeout):
             reason = event.reason if isinstance(event, m.Stop) else (
                 "not every worker connected in time: every worker runs on its own")
@@ -518,6 +523,9 @@ class Observer:
         if before is None or before.retries != after.retries:
             for pod in after.workers:
                 mt.retries.labels(*job, str(pod.rank)).set(pod.retries)
+        if before is None or [p.slow for p in before.workers] != [p.slow for p in after.workers]:
+            for pod in after.workers:
+                mt.slow.labels(*job, str(pod.rank)).set(int(pod.slow))
         if after.phase.terminal:
             for rank in range(self.n):
                 mt.up.labels(*job, str(rank)).set(0)
