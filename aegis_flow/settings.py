@@ -455,6 +455,13 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "(aegis_flow.checkpoint.requested())",
            "a file holding the run id of the fault-tolerance checkpoint round the master asks "
            "for before it evicts a slow rank (absent: none asked for)", "the supervisor"),
+    EnvVar("AEGIS_WORKER_RANK", parse_str, "nothing in aegis_flow (informational)",
+           "the worker (node) a rank belongs to when workers run several ranks "
+           "(--nproc-per-node; GROUP_RANK and NODE_RANK say the same)",
+           "the supervisor, with --nproc-per-node"),
+    EnvVar("AEGIS_SAMPLE_PCIE", parse_bool, f"{_SUP} (resources.py)",
+           "also sample each GPU's PCIe throughput (NVML; about 20 ms per GPU and direction "
+           "in the driver, in the sampling thread)", "the user"),
     EnvVar("AEGIS_CAUSES", parse_str, f"{_SUP} (default of --causes)",
            "your cause table (TOML): extends the log classifier's and live trigger's rules",
            "the user; `aegis-flow run --causes` passes --causes"),

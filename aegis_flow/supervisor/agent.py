@@ -27,7 +27,7 @@ from typing import Any
 
 from aegis_flow import protocol as p
 from aegis_flow.outcome import quit_exit_code
-from aegis_flow.settings import WORKER
+from aegis_flow.settings import WORKER, ConfigError, env_value
 from aegis_flow.steps.classify import (
     UNKNOWN_CAUSE,
     Cause,
@@ -193,6 +193,15 @@ def _creds_session(cfg: WorkerConfig) -> Any:
     return credsmod.Session(creds, cfg.creds)
 
 
+def _pcie_wanted() -> bool:
+    """``AEGIS_SAMPLE_PCIE``: sample the GPUs' PCIe throughput too (a bad value: no, said)."""
+    try:
+        return bool(env_value("AEGIS_SAMPLE_PCIE", False))
+    except ConfigError as exc:
+        _warn(f"{exc}: PCIe throughput is not sampled")
+        return False
+
+
 def _report_progress(restarts: int) -> None:
     """On Argo: the job's restarts so far of max-retry as this pod's self-reported progress
     (``$ARGO_PROGRESS_FILE``, ``$AEGIS_MAX_RETRY``), shown on the rank's node while it runs."""
@@ -259,7 +268,8 @@ class Supervisor:
         self.save_request = tempfile.mktemp(prefix="aegis-save-request-")
         # the training process's CPU and memory, the node's network, the GPUs (NVML when
         # present), sampled into every heartbeat (resources.py; the master's anomaly rules)
-        self.sampler = Sampler()
+        self.sampler = Sampler(pcie=_pcie_wanted())
+        self._sampled: dict[str, Any] = {}  # the newest sample (_sample_loop, in a thread)
 
     # -- messages ---------------------------------------------------------------------------
     def _msg(self, mtype: p.MsgType, seq: int, data: dict[str, Any]) -> p.Message:
@@ -305,18 +315,23 @@ class Supervisor:
                 "doing_for": round(time.monotonic() - self.doing_since, 1),
                 **({"hang_mark": {"ranks": list(self.marked), "frame": self.marked_frame}}
                    if self.marked and self.marked_seq == self.seq else {}),
-                "resources": self._resources(running),
+                "resources": self._sampled,
                 **({"saver": self.saver.data()} if self.saver is not None else {})}
 
-    def _resources(self, running: bool) -> dict[str, Any]:
-        """This heartbeat's resource sample (never raises: a failed sample is an empty one)."""
-        child = self.child
-        pids = ([] if not running or child is None else
-                child.pids if isinstance(child, childmod.ChildGroup) else [child.pid])
-        try:
-            return self.sampler.sample(time.monotonic(), pids)
-        except Exception:  # noqa: BLE001 - monitoring must never stop a heartbeat
-            return {}
+    async def _sample_loop(self) -> None:
+        """Sample the resources once per heartbeat interval, in a thread (NVML calls block;
+        PCIe throughput blocks ~20 ms per GPU): heartbeats send the newest sample and never
+        wait for one. A failed sample is an empty one."""
+        while True:
+            child = self.child
+            pids = ([] if child is None or not child.running else
+                    child.pids if isinstance(child, childmod.ChildGroup) else [child.pid])
+            try:
+                self._sampled = await asyncio.to_thread(self.sampler.sample,
+                                                        time.monotonic(), pids)
+            except Exception:  # noqa: BLE001 - monitoring must never stop the supervisor
+                self._sampled = {}
+            await asyncio.sleep(self.cfg.heartbeat_interval)
 
     def _step_rate(self) -> float | None:
         """Steps per second: the script's own step numbers, else its optimizer steps."""
@@ -873,6 +888,7 @@ class Supervisor:
         self.last_order_at = self.master_seen_at = time.monotonic()
         self._classify(())  # load the cause table now, not when a rank has just died
         beat = asyncio.ensure_future(self._beat_loop())
+        sampling = asyncio.ensure_future(self._sample_loop())
         orphan = asyncio.ensure_future(self._master_watch())
         renew = (asyncio.ensure_future(self.session.renew_loop(self.nc, _warn))
                  if self.session is not None else None)
@@ -881,6 +897,7 @@ class Supervisor:
             code = await self.exit_code
         finally:
             beat.cancel()
+            sampling.cancel()
             orphan.cancel()
             if renew is not None:
                 renew.cancel()
