@@ -206,15 +206,17 @@ def test_a_slow_node_is_evicted_right_after_the_next_checkpoint_and_the_rank_mov
     the job's 3 s ``slow_window`` (T13s) and keeps training until the next checkpoint
     completes (rank 0's supervisor sees ``ckpt-<step>.pt`` in the shared claim), then evicts
     it (T13e): its node is quarantined as slow and the pod exits 72, which the worker
-    template's retry recreates on another node; both ranks resume from that checkpoint. As
-    locally (tests/test_slow_node_e2e.py), the script calls no aegis-flow API
-    (``PROGRESS_HOOK=0``): the forward times and steps come from the pre-warmed interpreter."""
+    template's retry recreates on another node; both ranks resume from that checkpoint. The
+    forward times come from the pre-warmed interpreter; train_ddp reports its steps with
+    ``progress.step`` and saves right after them (the checkpoint reports used to be dropped
+    as "beyond every step the ranks have reported" until the supervisor sent the steps
+    first: the eviction then never came)."""
     wf = workflow(slow_window=3, command=(
         "python3", "train.py", "--steps", "120", "--step-time", "0.1",
         "--checkpoint-every", "10", "--keep", "3"))  # ckpt-<step>.pt: what the supervisor sees
     args = next(t for t in wf["spec"]["templates"] if t["name"] == "master")["container"]["args"]
     assert args[args.index("--slow-window") + 1] == "3"
-    r = run(tmp_path, stack(tmp_path, env={"FAULT": "slow:1:60", "PROGRESS_HOOK": "0"}), wf,
+    r = run(tmp_path, stack(tmp_path, env={"FAULT": "slow:1:60"}), wf,
             picture="slow-node")
     decision = assert_succeeded_clean(r)
     log = master_log(tmp_path).splitlines()

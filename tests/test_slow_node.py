@@ -13,8 +13,8 @@ import pytest
 from machine_helpers import running, transitions
 
 from aegis_flow.master.machine import (
-    AskCheckpoint,
     Ack,
+    AskCheckpoint,
     CheckpointDone,
     ExitCode,
     ExitWorker,

@@ -12,10 +12,6 @@ a node whose GPU is lost would. ``slow:RANK:MS`` makes every forward of rank RAN
 MS milliseconds longer (a throttled node: a sleep inside the module's forward, where the
 pre-warmed interpreter times forwards), in the pod's first container only: the pod Argo
 recreates on another node after the eviction trains at full speed.
-
-``$PROGRESS_HOOK=0`` turns train_ddp's ``aegis_flow.progress.step()`` calls into no-ops: a
-script that uses no aegis-flow API (its forwards and optimizer steps are still counted by the
-pre-warmed interpreter), as tests/fixtures/slow_ddp.py is.
 """
 
 import os
@@ -92,12 +88,5 @@ def _joined(*args, **kwargs):  # type: ignore[no-untyped-def]
 
 
 dist.init_process_group = _joined
-if os.environ.get("PROGRESS_HOOK") == "0":
-    try:
-        from aegis_flow import progress
-
-        progress.step = lambda *_args, **_kwargs: None
-    except ImportError:
-        pass
 sys.argv[0] = str(EXAMPLE)
 runpy.run_path(str(EXAMPLE), run_name="__main__")
