@@ -358,16 +358,11 @@ class Master:
             if self.security is not None:  # its successor gets new credentials
                 self.security.evict(effect.rank)
         elif isinstance(effect, m.Mark):  # SetIsHanging: every worker notes the mark
-            await self.nc.publish(self.subjects.broadcast, p.Message(
-                job=self.cfg.job, namespace=self.cfg.namespace, pod_name="master",
-                type=p.MsgType.MARK, seq=effect.seq, data={"hanging": list(effect.hanging)},
-                timestamp=now).encode())
+            await self._tell_workers(p.MsgType.MARK, effect.seq,
+                                     {"hanging": list(effect.hanging)}, now)
         elif isinstance(effect, m.AskCheckpoint):  # a fault-tolerance checkpoint round
-            await self.nc.publish(self.subjects.broadcast, p.Message(
-                job=self.cfg.job, namespace=self.cfg.namespace, pod_name="master",
-                type=p.MsgType.SAVE, seq=effect.seq,
-                data={"run_id": effect.run_id, "reason": effect.reason},
-                timestamp=now).encode())
+            await self._tell_workers(p.MsgType.SAVE, effect.seq,
+                                     {"run_id": effect.run_id, "reason": effect.reason}, now)
         elif isinstance(effect, m.Quarantine):
             self.stats["quarantined"] += 1
             self._note(f"node {effect.node} of rank {effect.rank} quarantined "
@@ -375,6 +370,13 @@ class Master:
             if self.nodes is not None and effect.node:  # the client blocks: a worker thread
                 self.node_jobs.append(asyncio.get_running_loop().run_in_executor(
                     None, self._quarantine_node, effect))
+
+    async def _tell_workers(self, mtype: p.MsgType, seq: int, data: dict[str, Any],
+                            now: float) -> None:
+        """A notice to every worker of run ``seq`` that is not an order (Mark, Save)."""
+        await self.nc.publish(self.subjects.broadcast, p.Message(
+            job=self.cfg.job, namespace=self.cfg.namespace, pod_name="master", type=mtype,
+            seq=seq, data=data, timestamp=now).encode())
 
     def _quarantine_node(self, effect: m.Quarantine) -> None:
         """Label, taint and annotate the node on Kubernetes (k8s.ops; runs in a thread)."""

@@ -23,6 +23,7 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -231,19 +232,24 @@ def top_frame(stacks: str) -> str | None:
 
 def collect_stacks(pid: int, *, timeout: float = 10.0,
                    which: Callable[[str], str | None] = find_tool) -> str:
-    """The Python stacks of process ``pid`` via ``py-spy dump``, or a note saying why not."""
+    """The Python stacks of process ``pid`` via ``py-spy dump``, or a note saying why not.
+    A dump that fails is tried once more: py-spy now and then fails to read a live process
+    ("Failed to find python version from target process") and reads it the next time."""
     exe = which("py-spy")
     if exe is None:
         return ("py-spy not installed: no Python stacks collected (pip install py-spy, and give "
                 "the supervisor SYS_PTRACE in a container)")
-    try:
-        out = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True,
-                             timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return f"py-spy dump --pid {pid} did not answer within {timeout:g} s"
-    except OSError as exc:
-        return f"py-spy could not run ({Path(exe).name}): {exc}"
-    if out.returncode != 0:
-        return (f"py-spy dump --pid {pid} failed (exit {out.returncode}): "
-                f"{(out.stderr or out.stdout).strip()}")
-    return out.stdout
+    for attempt in (1, 2):
+        try:
+            out = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True,
+                                 text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            return f"py-spy dump --pid {pid} did not answer within {timeout:g} s"
+        except OSError as exc:
+            return f"py-spy could not run ({Path(exe).name}): {exc}"
+        if out.returncode == 0:
+            return out.stdout
+        if attempt == 1:
+            time.sleep(0.2)
+    return (f"py-spy dump --pid {pid} failed (exit {out.returncode}): "
+            f"{(out.stderr or out.stdout).strip()}")

@@ -642,17 +642,15 @@ class Supervisor:
         in a row on one rank is a deterministic error)."""
         cause = self._classify(status.tail)
         text = status.cause if not cause.known else f"{status.cause} ({cause.code})"
-        group = self.child if isinstance(self.child, childmod.ChildGroup) else None
-        if group is not None and group.failed_local is not None:  # which of the K local ranks
-            local = group.failed_local
+        local = self.child.failed_local if isinstance(self.child, childmod.ChildGroup) else None
+        if local is not None:  # which of the worker's K local ranks failed
             text = f"local rank {local} (rank {self.cfg.rank * self.cfg.nproc_per_node + local})" \
                    f": {text}"
         data: dict[str, Any] = {
             "cause": text, "code": status.code, "signal": status.signal,
             "cause_code": cause.code, "cause_class": cause.klass,
             "tail": list(status.tail)[-10:], "ended_at": ended_at,
-            **({"local_rank": group.failed_local} if group is not None
-               and group.failed_local is not None else {})}
+            **({"local_rank": local} if local is not None else {})}
         exc = exception_of(status.tail) if status.signal is None else None
         if exc is not None:
             if self.progress is not None:  # the steps reported just before it died

@@ -203,10 +203,6 @@ class ChildGroup:
         seen = [c.last_output for c in self.children if c.last_output is not None]
         return max(seen) if seen else None
 
-    async def ended(self) -> int:
-        status = await self.wait()
-        return -status.signal if status.signal is not None else status.code
-
     def wait(self) -> asyncio.Future[ExitStatus]:
         if self._waited is None:
             self._waited = asyncio.ensure_future(self._wait())
