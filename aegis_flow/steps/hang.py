@@ -160,7 +160,9 @@ class ProgressSocket:
         return self.sock.fileno()
 
     def latest(self) -> int | None:
-        """The newest step number read and not yet drained (None: none pending)."""
+        """The newest step number received and not yet drained (None: none pending); reads
+        what waits in the socket first (a step sent just before a checkpoint was saved)."""
+        self.poll()
         return max(self._steps) if self._steps else None
 
     def drain(self) -> list[int]:

@@ -111,6 +111,9 @@ def lockout_exit_code(command_code: int | None) -> int:
 
 GATE_TIMEOUT = 300.0  # seconds for the checkpoint integrity gate before a run
 CHECKPOINT_SCAN = 1.0  # seconds between two looks at --checkpoint-dir while the command runs
+# a checkpoint ahead of the steps the script reported (progress.step sends at most 10 a second,
+# so the step just before a save may never be sent) waits this long for a step that reaches it
+CHECKPOINT_STEP_WAIT = 5.0
 
 
 def _warn(text: str) -> None:
@@ -249,6 +252,8 @@ class Supervisor:
         self.auto_steps = StepRate()  # optimizer steps the pre-warmed interpreter counted
         self.ckpt_watch = Watch()  # the newest complete checkpoint seen in --checkpoint-dir
         self.ckpt_said = -1  # the newest checkpoint step reported to the master
+        # a checkpoint held until the script's reported steps reach it: (seq, step, path, since)
+        self.ckpt_held: tuple[int, int, str, float] | None = None
         self._tasks: set[asyncio.Future[None]] = set()  # reports sent from a reader callback
         self.beats = BeatClock(cfg.heartbeat_interval)
         self.gpu_type = gpu_type()
@@ -719,6 +724,7 @@ class Supervisor:
                 said, self.progress.checkpoints = self.progress.checkpoints, []
                 for number, where in said:  # aegis_flow.checkpoint.done(step, path)
                     await self._checkpoint_done(seq, number, where)
+                await self._release_checkpoint(seq)
             if (self.cfg.checkpoint_dir and self.cfg.rank == 0
                     and now - scanned >= CHECKPOINT_SCAN):
                 scanned = now
@@ -765,21 +771,41 @@ class Supervisor:
                 self._checkpoint_done(self.seq, number, where)))
             task.add_done_callback(self._tasks.discard)
 
-    async def _checkpoint_done(self, seq: int, number: int, where: str) -> None:
-        """Tell the master a checkpoint is complete (it records the job's last safe step)."""
+    async def _checkpoint_done(self, seq: int, number: int, where: str, *,
+                               held: bool = False) -> None:
+        """Tell the master a checkpoint is complete (it records the job's last safe step).
+
+        The master takes a checkpoint only at a step the ranks have reported (review F8). So
+        the steps read and not yet judged by the watchdog go out in a heartbeat first (same
+        connection: it arrives first), and a checkpoint ahead of every step the script
+        reported is held until one reaches it (``_release_checkpoint``; progress.step sends
+        at most 10 a second, so the step saved at may itself never have been sent)."""
         if number <= self.ckpt_said:
             return
-        self.ckpt_said = number
-        # the master takes a checkpoint only at a step the ranks have reported: the steps read
-        # and not yet judged by the watchdog go out in a heartbeat first (same connection, so
-        # it arrives first), or a checkpoint saved right after its step was dropped
         latest = self.progress.latest() if self.progress is not None else None
         if latest is not None and (self.steps.last is None or latest > self.steps.last):
             self.steps.observe(time.time(), latest)
+        if not held and self.steps.last is not None and number > self.steps.last:
+            self.ckpt_held = (seq, number, where, time.monotonic())
+            return
+        self.ckpt_said = number
         if self.steps.last is not None:
             await self.heartbeat()
         await self._publish(self._msg(p.MsgType.CHECKPOINT, seq, {"step": number,
                                                                   "path": where[:300]}))
+
+    async def _release_checkpoint(self, seq: int) -> None:
+        """Send a held checkpoint once the reported steps reach it, or after
+        ``CHECKPOINT_STEP_WAIT`` (the master then judges it); forget one of another run."""
+        if self.ckpt_held is None:
+            return
+        held_seq, number, where, since = self.ckpt_held
+        if held_seq != seq:
+            self.ckpt_held = None
+        elif ((self.steps.last is not None and self.steps.last >= number)
+              or time.monotonic() - since > CHECKPOINT_STEP_WAIT):
+            self.ckpt_held = None
+            await self._checkpoint_done(seq, number, where, held=True)
 
     def _check_starters(self) -> list[Any]:
         """Fork the checks from the pre-warmed interpreter if any, else start them cold."""
