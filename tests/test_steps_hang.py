@@ -185,6 +185,21 @@ def test_collect_stacks_runs_py_spy_dump(tmp_path: Path) -> None:
     assert "failed (exit 1): Permission denied" in collect_stacks(42, which=lambda n: str(fake))
 
 
+def test_collect_stacks_tries_a_failing_dump_four_times(tmp_path: Path) -> None:
+    """CI: py-spy failed twice in a row on a loaded machine; it is asked four times, then the
+    note says why."""
+    fake, count = tmp_path / "py-spy", tmp_path / "count"
+    fake.write_text(f"#!/bin/sh\necho x >> {count}\n"
+                    f"[ $(wc -l < {count}) -ge 4 ] && echo 'Thread 1 (idle): \"MainThread\"' "
+                    "&& exit 0\necho 'Failed to find python version' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    assert "MainThread" in collect_stacks(42, which=lambda n: str(fake))
+    count.write_text("")
+    fake.write_text(f"#!/bin/sh\necho x >> {count}\necho 'Failed to find python' >&2\nexit 1\n")
+    assert "failed (exit 1): Failed to find python" in collect_stacks(42, which=lambda n: str(fake))
+    assert len(count.read_text().splitlines()) == 4
+
+
 def test_collect_stacks_with_the_real_py_spy() -> None:
     """py-spy is a dev dependency: this runs in make test (it must not silently skip)."""
     from aegis_flow.steps.hang import find_tool

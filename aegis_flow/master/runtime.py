@@ -193,6 +193,7 @@ class Master:
     async def _persist(self) -> None:
         if self.store is None:
             return
+        stats = dict(self.stats)  # what this document holds: more may be counted while it saves
         raw = self._doc()
         self._unconfirmed.append(raw)
         try:
@@ -206,7 +207,7 @@ class Master:
             log.warning("a status save that timed out was stored after all (revision %d)", rev)
             self.revision = await self.store.save(raw, rev)
         self._unconfirmed.clear()
-        self._stats_saved = dict(self.stats)
+        self._stats_saved = stats
         self._write_progress()
 
     def _write_progress(self) -> None:

@@ -235,13 +235,14 @@ def top_frame(stacks: str) -> str | None:
 def collect_stacks(pid: int, *, timeout: float = 10.0,
                    which: Callable[[str], str | None] = find_tool) -> str:
     """The Python stacks of process ``pid`` via ``py-spy dump``, or a note saying why not.
-    A dump that fails is tried once more: py-spy now and then fails to read a live process
-    ("Failed to find python version from target process") and reads it the next time."""
+    A dump that fails is tried up to four times, waiting longer each time: py-spy now and then
+    fails to read a live process ("Failed to find python version from target process"; twice in
+    a row on a loaded machine) and reads it a moment later."""
     exe = which("py-spy")
     if exe is None:
         return ("py-spy not installed: no Python stacks collected (pip install py-spy, and give "
                 "the supervisor SYS_PTRACE in a container)")
-    for attempt in (1, 2):
+    for pause in (0.2, 0.5, 1.0, 0.0):
         try:
             out = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True,
                                  text=True, timeout=timeout, check=False)
@@ -251,7 +252,6 @@ def collect_stacks(pid: int, *, timeout: float = 10.0,
             return f"py-spy could not run ({Path(exe).name}): {exc}"
         if out.returncode == 0:
             return out.stdout
-        if attempt == 1:
-            time.sleep(0.2)
+        time.sleep(pause)
     return (f"py-spy dump --pid {pid} failed (exit {out.returncode}): "
             f"{(out.stderr or out.stdout).strip()}")

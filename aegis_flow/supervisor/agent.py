@@ -444,6 +444,9 @@ class Supervisor:
             stacks = await asyncio.get_running_loop().run_in_executor(
                 None, collect_stacks, child.pid)
             frame = top_frame(stacks) or ""
+            if not frame:  # say why, in the log and in the fault log (the heartbeat's frame)
+                why = (stacks.strip().splitlines() or ["py-spy printed nothing"])[-1]
+                frame = f"a frame py-spy could not read ({why[:150]})"
         self.marked_frame = frame[:200]
         who = ", ".join(str(r) for r in marked)
         _warn(f"the job is marked hung (rank{'s' if len(marked) > 1 else ''} {who}): every "
