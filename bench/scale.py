@@ -25,11 +25,22 @@ Scenarios, for each N of ``--workers``:
 3. **one fault**: the last rank sends an ERROR for the current run seq. Measured per worker:
    the fault → that worker holding the next order (troubleshoot), p50/p99/max; then the
    troubleshoot order at every worker → the restart (run) order at every worker.
+4. **a node fault with one replacement**: rank 1 falls silent (its node is gone); the master
+   finds it lost after ``--lost-timeout`` and holds every other worker; a new pod of rank 1 (a
+   new incarnation, on another node) starts heartbeating. Measured: the silence → the hold
+   order at every live worker, and the replacement's first heartbeat → the run order at every
+   worker.
+5. **a master SIGKILL and resume**: the workers' beats pause, the master is killed with
+   SIGKILL, the status the store holds is read, and the master is started again with the same
+   arguments. Measured: its start → ready (``/readyz``), and that the status it rebuilt from
+   the store (written by it on SIGTERM, before any worker beat again) equals the stored one;
+   then a third master takes the job on, the beats resume, and no worker may get a new order
+   in 3 s.
 
-The store: the master puts its whole status document into a JetStream KV bucket (history 1)
-after every transition. The harness reads the bucket's stream sequence (= puts so far) and
-the document itself at the end of each scenario: puts per scenario × the document size is
-what the store was written.
+The store: the master keeps its status in a JetStream KV bucket (history 1) as a job record
+and one record per rank (``master/store.py``). The harness subscribes to the bucket's subjects
+(``$KV.<bucket>.>``), so it sees every put the master makes, and counts puts and bytes per
+scenario: independent of what the master says about itself.
 
 Side effects: starts a nats-server and a master per N under a temporary directory (removed),
 both stopped on exit, Ctrl-C included; prints tables; ``--out`` writes markdown, ``--json``
@@ -70,7 +81,7 @@ import nats  # noqa: E402
 
 from aegis_flow import protocol as p  # noqa: E402
 from aegis_flow.local.natsserver import EmbeddedNats  # noqa: E402
-from aegis_flow.master.store import STATUS_KEY  # noqa: E402
+from aegis_flow.master.store import STATUS_KEY, KVStore, decode_doc, status_to_dict  # noqa: E402
 
 _VENV_PY = ROOT / ".venv" / "bin" / "python"
 PYTHON = str(_VENV_PY) if _VENV_PY.exists() else sys.executable
@@ -119,6 +130,8 @@ class Worker:
     report_seq: int = -1
     gone: bool = False
     since: float = field(default_factory=time.monotonic)
+    node: str = ""
+    first_beat: float | None = None  # when this incarnation's first heartbeat went out
 
 
 @dataclass
@@ -138,6 +151,7 @@ class Fleet:
 
     def __init__(self, url: str, n: int, per_conn: int, heartbeat: float) -> None:
         self.url, self.n, self.per_conn, self.heartbeat = url, n, per_conn, heartbeat
+        self.base_heartbeat = heartbeat
         self.subjects = p.Subjects(NAMESPACE, JOB)
         self.workers = [Worker(r) for r in range(n)]
         self.conns: list[Any] = []
@@ -147,6 +161,7 @@ class Fleet:
         self.bad_orders = 0
         self._tasks: list[asyncio.Task[None]] = []
         self.beating = False
+        self.paused = False  # while the master is swapped (scenario 5): no worker beats
 
     async def connect(self) -> None:
         for start in range(0, self.n, self.per_conn):
@@ -171,7 +186,8 @@ class Fleet:
         """The supervisor's heartbeat fields (agent._beat_data), no child process."""
         running = w.order == "run"
         return self._msg(w, p.MsgType.ACK, w.seq, {
-            "node": f"node-{w.rank}", "pod_ip": f"10.0.{w.rank // 250}.{w.rank % 250 + 1}",
+            "node": w.node or f"node-{w.rank}",
+            "pod_ip": f"10.0.{w.rank // 250}.{w.rank % 250 + 1}",
             "child_pid": 1000 + w.rank if running else None,
             "node_ip": f"10.1.{w.rank // 250}.{w.rank % 250 + 1}", "gpu_type": "sim",
             "child_restarts": 0, "beat_lag": 0.0, "step_rate": None, "step": None,
@@ -193,6 +209,9 @@ class Fleet:
             if msg.type is not p.MsgType.ORDER or msg.pod_name != "master":
                 return
             order = str(msg.data.get("order", ""))
+            floor = msg.data.get("beat_floor")  # a large job: fewer beats (as the supervisor)
+            if isinstance(floor, int | float) and 0 < floor <= 60:
+                self.heartbeat = max(self.base_heartbeat, float(floor))
             seen = self.orders.setdefault(msg.seq, OrderSeen(order))
             answers = []
             for w in group:
@@ -235,20 +254,31 @@ class Fleet:
             self._tasks.append(asyncio.ensure_future(self._beats(nc, group)))
 
     async def _beats(self, nc: Any, group: list[Worker]) -> None:
-        tick = self.heartbeat / TICKS
         slots = [group[i::TICKS] for i in range(TICKS)]
         next_at = time.monotonic()
         i = 0
         while self.beating:
+            tick = self.heartbeat / TICKS  # the master may ask for fewer (beat_floor)
             for w in slots[i % TICKS]:
-                if w.gone:
+                if w.gone or self.paused:
                     continue
                 await self._publish(nc, w, self._beat(w))
+                if w.first_beat is None:
+                    w.first_beat = time.monotonic()
                 if w.last_report is not None and w.report_seq == w.seq:
                     await self._publish(nc, w, w.last_report)  # repeat until the seq advances
             i += 1
             next_at += tick
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+    def replace(self, rank: int) -> Worker:
+        """A new pod of rank ``rank`` on another node: a new incarnation that starts from
+        nothing (seq 0, Pending) and heartbeats from the next slot on."""
+        w = self.workers[rank]
+        w.incarnation, w.node = uuid.uuid4().hex[:12], f"node-{rank}-b"
+        w.seq, w.order, w.phase, w.since = 0, "", "Pending", time.monotonic()
+        w.last_report, w.report_seq, w.first_beat, w.gone = None, -1, None, False
+        return w
 
     async def close(self) -> None:
         self.beating = False
@@ -307,32 +337,59 @@ class Result:
     fault_max_s: float = float("nan")
     troubleshoot_round_s: float = float("nan")  # troubleshoot at all → run at all
     fault_to_restart_s: float = float("nan")  # the fault → run order at every worker
-    # the store
-    doc_bytes: int = 0  # the status document at the end
+    # scenario 4
+    node_lost_s: float = float("nan")  # rank 1 falls silent → hold at every live worker
+    replace_to_run_s: float = float("nan")  # the new pod's first beat → run at every worker
+    # scenario 5
+    resume_ready_s: float = float("nan")  # a new master's start → /readyz answers 200
+    resume_same_status: bool = False  # the rebuilt status equals the stored one
+    resume_orders: list[str] = field(default_factory=list)  # new orders after the resume
+    # the store: every put the master made (the harness listens on $KV.<bucket>.>)
+    job_bytes: int = 0  # the job record at the end
     puts_connect: int = 0  # KV puts during scenario 1 (acks + bootcheck round)
+    bytes_connect: int = 0
     puts_steady: int = 0
-    puts_fault: int = 0
+    bytes_steady: int = 0
+    puts_fault: int = 0  # scenario 3: the fault → the restart at every worker
+    bytes_fault: int = 0
+    saves_fault: int = 0  # job-record puts (one per save) in scenario 3
+    max_put_bytes: int = 0  # the largest single put
     seq_end: int = 0  # the order seq (transitions that sent an order) at the end
     master_rss_end_mib: float = float("nan")
-    # every --sample seconds from the first heartbeat: [s, KV puts, doc bytes, master CPU %
+    # every --sample seconds from the first heartbeat: [s, KV puts, KV KiB, master CPU %
     # over the interval, master RSS MiB]: where the time goes when a round is slow
     timeline: list[list[float]] = field(default_factory=list)
 
-    @property
-    def bytes_connect(self) -> int:
-        return self.puts_connect * self.doc_bytes
+
+class KvTap:
+    """Every put into the master's KV bucket, as the server relays it (a plain subscription to
+    the bucket's subjects): puts, bytes, job-record puts, and the largest put."""
+
+    def __init__(self) -> None:
+        self.puts = self.bytes = self.job_puts = self.max_put = 0
+
+    async def start(self, nc: Any, bucket: str) -> None:
+        async def cb(m: Any) -> None:
+            size = len(m.data)
+            self.puts += 1
+            self.bytes += size
+            self.max_put = max(self.max_put, size)
+            if m.subject.endswith("." + STATUS_KEY):
+                self.job_puts += 1
+        await nc.subscribe(f"$KV.{bucket}.>", cb=cb, pending_msgs_limit=-1)
+        await nc.flush()
+
+    def snap(self) -> tuple[int, int, int]:
+        return self.puts, self.bytes, self.job_puts
 
 
-async def store_state(nc: Any, bucket: str) -> tuple[int, int]:
-    """(puts so far, the status document's size) of the master's KV bucket; (0, 0) if none."""
-    js = nc.jetstream()
-    try:
-        info = await js.stream_info(f"KV_{bucket}")
-        kv = await js.key_value(bucket)
-        entry = await kv.get(STATUS_KEY)
-    except Exception:  # noqa: BLE001 - no bucket or no document yet
-        return 0, 0
-    return int(info.state.last_seq), len(entry.value or b"")
+async def stored_status(nc: Any, bucket: str) -> tuple[dict[str, Any], int]:
+    """The status the store holds now (assembled from its records) and the job record's
+    size."""
+    kv = await nc.jetstream().key_value(bucket)
+    raw, _ = await KVStore(kv).load()
+    job = await kv.get(STATUS_KEY)
+    return status_to_dict(decode_doc(raw or b"")[0]), len(job.value or b"")
 
 
 def pdeathsig() -> Callable[[], None] | None:
@@ -359,30 +416,98 @@ def stop_proc(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait()
 
 
-async def run_scenarios(res: Result, url: str, nats_pid: int, master: subprocess.Popen[bytes],
-                        args: argparse.Namespace, log: Path) -> None:
+async def settle(tap: KvTap, fleet: Fleet, timeout: float, alive: Callable[[], None]) -> None:
+    """Until the master's store is quiet: no put for two heartbeat intervals (every worker's
+    beat with the newest seq has landed and been stored)."""
+    deadline = time.monotonic() + timeout
+    quiet_for = 2 * fleet.heartbeat + 0.5
+    last, since = tap.puts, time.monotonic()
+    while time.monotonic() - since < quiet_for:
+        alive()
+        if time.monotonic() > deadline:
+            raise BenchError(f"the store did not go quiet within {timeout:.0f} s")
+        await asyncio.sleep(0.1)
+        if tap.puts != last:
+            last, since = tap.puts, time.monotonic()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def ready(url: str, timeout: float, alive: Callable[[], None]) -> None:
+    """Until the master's /readyz answers 200 (connected, status loaded, subscribed)."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive()
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(url + "/readyz", timeout=1) as resp:  # noqa: S310
+                if resp.status == 200:
+                    return
+        await asyncio.sleep(0.02)
+    raise BenchError(f"the restarted master was not ready within {timeout:.0f} s")
+
+
+class Masters:
+    """The master process of one N, started again on demand with the same arguments."""
+
+    def __init__(self, cmd: list[str], work: Path, env: dict[str, str]) -> None:
+        self.cmd, self.work, self.env = cmd, work, env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = work / "master.log"
+        self.starts = 0
+        self.url = ""  # its HTTP endpoints (/readyz)
+
+    def start(self) -> subprocess.Popen[bytes]:
+        self.starts += 1
+        self.log = self.work / f"master-{self.starts}.log"
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [*self.cmd, "--metrics-port", str(port)], stdin=subprocess.DEVNULL,
+                stdout=out, stderr=subprocess.STDOUT,
+                cwd=self.work, env=self.env, preexec_fn=pdeathsig())  # noqa: PLW1509 - prctl
+        return self.proc
+
+    def alive(self) -> None:
+        proc = self.proc
+        if proc is not None and proc.poll() is not None:
+            tail = self.log.read_text(errors="replace").splitlines()[-15:]
+            raise BenchError(f"the master exited with {proc.returncode}:\n" + "\n".join(tail))
+
+
+async def run_scenarios(res: Result, url: str, nats_pid: int, masters: Masters,
+                        args: argparse.Namespace) -> None:
     subjects = p.Subjects(NAMESPACE, JOB)
     fleet = Fleet(url, res.n, args.per_conn, args.heartbeat)
     mon = await nats.connect(url)
+    tap = KvTap()
+    await tap.start(mon, subjects.kv_bucket)
+    alive = masters.alive
 
-    def alive() -> None:
-        if master.poll() is not None:
-            tail = log.read_text(errors="replace").splitlines()[-15:]
-            raise BenchError(f"the master exited with {master.returncode}:\n" + "\n".join(tail))
+    def pid() -> int:
+        assert masters.proc is not None
+        return masters.proc.pid
 
     def seqs_of(order: str) -> list[int]:
         return sorted(s for s, o in fleet.orders.items() if o.order == order)
 
     async def sample() -> None:
-        last_t, last_cpu = time.monotonic(), cpu_seconds(master.pid)
+        last_t, last_cpu = time.monotonic(), cpu_seconds(pid())
         while True:
             await asyncio.sleep(args.sample)
             with contextlib.suppress(Exception):
-                now, cpu = time.monotonic(), cpu_seconds(master.pid)
-                puts, doc = await asyncio.wait_for(store_state(mon, subjects.kv_bucket), 5)
-                res.timeline.append([round(now - t0, 1), puts, doc,
+                now, cpu = time.monotonic(), cpu_seconds(pid())
+                res.timeline.append([round(now - t0, 1), tap.puts, round(tap.bytes / 1024),
                                      round(100 * (cpu - last_cpu) / (now - last_t)),
-                                     round(rss_mib(master.pid))])
+                                     round(rss_mib(pid()))])
                 last_t, last_cpu = now, cpu
 
     sampler: asyncio.Task[None] | None = None
@@ -401,22 +526,21 @@ async def run_scenarios(res: Result, url: str, nats_pid: int, master: subprocess
         await fleet.wait(lambda w: w.order == "run", args.timeout, "the run order", alive)
         run1 = fleet.orders[seqs_of("run")[0]]
         res.bootcheck_round_s = max(run1.at.values()) - min(boot.at.values())
-        puts0, _ = await store_state(mon, subjects.kv_bucket)
-        res.puts_connect = puts0
-        await asyncio.sleep(1.0)  # let the heartbeats carrying the run seq land
+        res.puts_connect, res.bytes_connect, _ = tap.snap()
+        await settle(tap, fleet, args.timeout, alive)  # the beats carrying the run seq land
         # -- 2. steady state ----------------------------------------------------------------
-        puts1, _ = await store_state(mon, subjects.kv_bucket)
+        puts1, bytes1, _ = tap.snap()
         known = set(fleet.orders)
         pub0, w0 = fleet.published, time.monotonic()
-        m0, n0, h0 = cpu_seconds(master.pid), cpu_seconds(nats_pid), cpu_seconds(os.getpid())
+        m0, n0, h0 = cpu_seconds(pid()), cpu_seconds(nats_pid), cpu_seconds(os.getpid())
         rss_m, rss_n = [], []
         while time.monotonic() - w0 < args.steady:
             await asyncio.sleep(min(1.0, max(0.0, args.steady - (time.monotonic() - w0))))
             alive()
-            rss_m.append(rss_mib(master.pid))
+            rss_m.append(rss_mib(pid()))
             rss_n.append(rss_mib(nats_pid))
         dt = time.monotonic() - w0
-        m1, n1, h1 = cpu_seconds(master.pid), cpu_seconds(nats_pid), cpu_seconds(os.getpid())
+        m1, n1, h1 = cpu_seconds(pid()), cpu_seconds(nats_pid), cpu_seconds(os.getpid())
         res.steady_s = dt
         res.msgs_per_s = (fleet.published - pub0) / dt
         res.master_cpu_pct = 100 * (m1 - m0) / dt
@@ -426,8 +550,8 @@ async def run_scenarios(res: Result, url: str, nats_pid: int, master: subprocess
         res.nats_rss_mib = max(rss_n)
         res.unexpected_orders = [f"{o.order}@{s}" for s, o in sorted(fleet.orders.items())
                                  if s not in known]
-        puts2, _ = await store_state(mon, subjects.kv_bucket)
-        res.puts_steady = puts2 - puts1
+        puts2, bytes2, jobs2 = tap.snap()
+        res.puts_steady, res.bytes_steady = puts2 - puts1, bytes2 - bytes1
         if res.unexpected_orders:
             raise BenchError(f"orders during the steady state: {res.unexpected_orders} "
                              "(the master lost workers?)")
@@ -451,12 +575,65 @@ async def run_scenarios(res: Result, url: str, nats_pid: int, master: subprocess
                                    if s > nxt and o.order == "run")]
         res.troubleshoot_round_s = max(restart.at.values()) - max(fleet.orders[nxt].at.values())
         res.fault_to_restart_s = max(restart.at.values()) - tf
-        await asyncio.sleep(1.0)  # the heartbeats carrying the new seq
-        puts3, doc = await store_state(mon, subjects.kv_bucket)
-        res.puts_fault = puts3 - puts2
-        res.doc_bytes = doc
+        await settle(tap, fleet, args.timeout, alive)  # the beats carrying the new seq
+        puts3, bytes3, jobs3 = tap.snap()
+        res.puts_fault, res.bytes_fault, res.saves_fault = (puts3 - puts2, bytes3 - bytes2,
+                                                            jobs3 - jobs2)
+        res.master_rss_end_mib = rss_mib(pid())
+        # -- 4. a node fault with one replacement --------------------------------------------
+        run_seq = fleet.workers[0].seq
+        victim = 1 % res.n
+        fleet.workers[victim].gone = True
+        tl = time.monotonic()
+        await fleet.wait(lambda w: w.gone or (w.order == "hold" and w.seq > run_seq),
+                         args.timeout, "the hold order after a lost rank", alive)
+        hold = min(s for s, o in fleet.orders.items() if s > run_seq and o.order == "hold")
+        res.node_lost_s = max(fleet.orders[hold].at.values()) - tl
+        fresh = fleet.replace(victim)
+        await fleet.wait(lambda w: w.order == "run" and w.seq > hold, args.timeout,
+                         "the run order after the replacement", alive)
+        back = fleet.orders[min(s for s, o in fleet.orders.items()
+                                if s > hold and o.order == "run")]
+        assert fresh.first_beat is not None
+        res.replace_to_run_s = max(back.at.values()) - fresh.first_beat
+        # -- 5. a master SIGKILL and resume ----------------------------------------------------
+        await settle(tap, fleet, args.timeout, alive)  # the store holds every transition
+        # The beats pause while the master is swapped, so the status the new master holds
+        # when it stops is the one it rebuilt, with no event of its own (a kill and a start
+        # take less than the lost timeout: no rank is judged lost meanwhile).
+        fleet.paused = True
+        await asyncio.sleep(0.5)
+        known = set(fleet.orders)
+        assert masters.proc is not None
+        masters.proc.kill()
+        masters.proc.wait()
+        before, _ = await stored_status(mon, subjects.kv_bucket)
+        tr = time.monotonic()
+        masters.start()
+        await ready(masters.url, args.timeout, alive)
+        res.resume_ready_s = time.monotonic() - tr
+        stop_proc(masters.proc)  # SIGTERM: it writes the status it holds to --status-file
+        rebuilt = json.loads((masters.work / "status.json").read_bytes())["status"]
+        res.resume_same_status = rebuilt == before
+        masters.start()  # and the job goes on under a third master
+        await ready(masters.url, args.timeout, alive)
+        fleet.paused = False
+        await asyncio.sleep(3.0)  # the workers beat on; nothing may change
+        alive()
+        res.resume_orders = [f"{o.order}@{s}" for s, o in sorted(fleet.orders.items())
+                             if s not in known]
+        if not res.resume_same_status:
+            (masters.work / "before-kill.json").write_text(json.dumps(before, indent=1))
+            diff = {k: (before.get(k), rebuilt.get(k)) for k in set(before) | set(rebuilt)
+                    if before.get(k) != rebuilt.get(k) and k != "workers"}
+            pods = [r for r, (a, b) in enumerate(zip(before["workers"], rebuilt["workers"],
+                                                     strict=True)) if a != b]
+            raise BenchError(f"the resumed master's status differs: {diff}, ranks {pods[:10]}")
+        if res.resume_orders:
+            raise BenchError(f"orders after the resume: {res.resume_orders}")
+        res.job_bytes = (await stored_status(mon, subjects.kv_bucket))[1]
+        res.max_put_bytes = tap.max_put
         res.seq_end = max(fleet.orders)
-        res.master_rss_end_mib = rss_mib(master.pid)
         res.ok = True
     finally:
         if sampler is not None:
@@ -472,26 +649,23 @@ def run_one(n: int, args: argparse.Namespace, base: Path) -> Result:
     res = Result(n)
     work = base / f"n{n}"
     work.mkdir(parents=True)
-    log = work / "master.log"
-    master: subprocess.Popen[bytes] | None = None
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1"}
     with EmbeddedNats(work / "nats") as server:
+        masters = Masters(
+            [PYTHON, "-m", "aegis_flow.master", "--job", JOB, "--namespace", NAMESPACE,
+             "--workers", str(n), "--nats-url", server.url,
+             "--connect-timeout", str(args.timeout), "--lost-timeout",
+             str(args.lost_timeout), "--replace-timeout", str(args.timeout),
+             "--metrics-addr", "127.0.0.1",
+             "--status-file", str(work / "status.json"), "--log-level", args.master_log_level],
+            work, env)
         try:
-            with log.open("wb") as out:
-                master = subprocess.Popen(
-                    [PYTHON, "-m", "aegis_flow.master", "--job", JOB, "--namespace", NAMESPACE,
-                     "--workers", str(n), "--nats-url", server.url,
-                     "--connect-timeout", str(args.timeout), "--lost-timeout",
-                     str(args.lost_timeout), "--metrics-port", "0", "--metrics-addr",
-                     "127.0.0.1", "--status-file", str(work / "status.json"),
-                     "--log-level", args.master_log_level],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=work,
-                    env=env, preexec_fn=pdeathsig())  # noqa: PLW1509 - a prctl, no Python
-            asyncio.run(run_scenarios(res, server.url, server.pid, master, args, log))
+            masters.start()
+            asyncio.run(run_scenarios(res, server.url, server.pid, masters, args))
         except BenchError as exc:
             res.error = str(exc)
-            lines = log.read_text(errors="replace").splitlines()
+            lines = masters.log.read_text(errors="replace").splitlines()
             lost = sum("lost before start" in line for line in lines)
             if lost:
                 res.error += f"\n  the master forgot {lost} acked ranks as lost before start (T7p)"
@@ -499,7 +673,7 @@ def run_one(n: int, args: argparse.Namespace, base: Path) -> Result:
             if tail and "master exited" not in res.error:
                 res.error += "\n  master log: " + "\n  master log: ".join(tail)
         finally:
-            stop_proc(master)
+            stop_proc(masters.proc)
     return res
 
 
@@ -512,8 +686,12 @@ ROUND_HEADER = ["N", "conns", "acks→bootcheck at all (s)", "bootcheck round (s
                 "fault→next order p50 (s)", "p99 (s)", "max (s)", "troubleshoot round (s)",
                 "fault→restart at all (s)"]
 STEADY_HEADER = ["N", "msgs/s in", "master CPU %", "master RSS MiB", "nats CPU %",
-                 "nats RSS MiB", "harness CPU %", "status doc KiB", "KV puts connect+boot",
-                 "KV puts steady", "KV puts fault→restart", "MiB written fault→restart"]
+                 "nats RSS MiB", "harness CPU %"]
+STORE_HEADER = ["N", "job record KiB", "KV puts connect+boot", "MiB", "KV puts steady", "KiB",
+                "KV puts fault→restart", "KiB", "saves", "KiB per save", "largest put KiB"]
+RESILIENCE_HEADER = ["N", "rank silent→hold at all (s)", "new pod's first beat→run at all (s)",
+                     "master SIGKILL→new master ready (s)", "rebuilt status = stored",
+                     "orders after the resume"]
 
 
 def round_rows(results: Sequence[Result]) -> list[list[str]]:
@@ -524,14 +702,29 @@ def round_rows(results: Sequence[Result]) -> list[list[str]]:
 
 def steady_rows(results: Sequence[Result]) -> list[list[str]]:
     return [[str(r.n), _f(r.msgs_per_s, 0), _f(r.master_cpu_pct, 0), _f(r.master_rss_mib, 0),
-             _f(r.nats_cpu_pct, 0), _f(r.nats_rss_mib, 0), _f(r.harness_cpu_pct, 0),
-             _f(r.doc_bytes / 1024, 1), str(r.puts_connect), str(r.puts_steady),
-             str(r.puts_fault), _f(r.puts_fault * r.doc_bytes / 2**20, 1)] for r in results]
+             _f(r.nats_cpu_pct, 0), _f(r.nats_rss_mib, 0), _f(r.harness_cpu_pct, 0)]
+            for r in results]
+
+
+def store_rows(results: Sequence[Result]) -> list[list[str]]:
+    return [[str(r.n), _f(r.job_bytes / 1024, 1), str(r.puts_connect),
+             _f(r.bytes_connect / 2**20, 2), str(r.puts_steady), _f(r.bytes_steady / 1024, 1),
+             str(r.puts_fault), _f(r.bytes_fault / 1024, 1), str(r.saves_fault),
+             _f(r.bytes_fault / r.saves_fault / 1024 if r.saves_fault else float("nan"), 1),
+             _f(r.max_put_bytes / 1024, 1)] for r in results]
+
+
+def resilience_rows(results: Sequence[Result]) -> list[list[str]]:
+    return [[str(r.n), _f(r.node_lost_s), _f(r.replace_to_run_s), _f(r.resume_ready_s),
+             ("yes" if r.resume_same_status else "no") if r.ok else "-",
+             str(len(r.resume_orders)) if r.ok else "-"] for r in results]
 
 
 def render_all(results: Sequence[Result], *, markdown: bool) -> str:
     parts = [tables.render(ROUND_HEADER, round_rows(results), markdown=markdown), "",
-             tables.render(STEADY_HEADER, steady_rows(results), markdown=markdown)]
+             tables.render(STEADY_HEADER, steady_rows(results), markdown=markdown), "",
+             tables.render(STORE_HEADER, store_rows(results), markdown=markdown), "",
+             tables.render(RESILIENCE_HEADER, resilience_rows(results), markdown=markdown)]
     errors = [f"N={r.n}: {r.error}" for r in results if r.error]
     if errors:
         parts += ["", "Failed:", *errors]
@@ -552,8 +745,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", default="256,1024",
                     help="comma-separated worker counts (default 256,1024)")
-    ap.add_argument("--steady", type=float, default=20.0,
-                    help="seconds of steady-state heartbeats (default 20)")
+    ap.add_argument("--steady", type=float, default=60.0,
+                    help="seconds of steady-state heartbeats (default 60)")
     ap.add_argument("--heartbeat", type=float, default=0.5,
                     help="heartbeat interval of every worker (default 0.5, the supervisor's)")
     ap.add_argument("--per-conn", type=int, default=256,
@@ -566,6 +759,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="the master's --log-level (INFO shows every transition)")
     ap.add_argument("--sample", type=float, default=5.0,
                     help="seconds between samples of the store and the master (default 5)")
+    ap.add_argument("--keep", help="keep the work folders (logs, status files) here")
     ap.add_argument("--out", help="write the tables here (markdown, with date and machine)")
     ap.add_argument("--json", help="write the raw numbers here (JSON)")
     args = ap.parse_args(argv)
@@ -580,10 +774,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"N={n}: {'ok' if res.ok else 'FAILED: ' + res.error} "
                   f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
             if not res.ok:  # where the time went
-                print("  [s, KV puts, doc bytes, master CPU %, RSS MiB]: "
+                print("  [s, KV puts, KV KiB, master CPU %, RSS MiB]: "
                       + " ".join(map(str, res.timeline)), file=sys.stderr, flush=True)
             results.append(res)
     finally:
+        if args.keep:
+            shutil.copytree(base, args.keep, dirs_exist_ok=True)
         shutil.rmtree(base, ignore_errors=True)
     print(render_all(results, markdown=False))
     if args.json:

@@ -3,6 +3,8 @@ published, and a store that fails on demand. Pure Python, no I/O."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from aegis_flow.master.store import MemoryStore
 
 
@@ -32,10 +34,11 @@ class FlakyStore(MemoryStore):
         self.lands = False  # a failing save is stored anyway (a paused server, resumed)
         self.failed = 0
 
-    async def save(self, raw: bytes, revision: int) -> int:
+    async def save(self, raw: bytes, revision: int,
+                   workers: Mapping[int, bytes] | None = None) -> int:
         if self.down:
             self.failed += 1
             if self.lands and revision == self.revision:
-                await super().save(raw, revision)
+                await super().save(raw, revision, workers)
             raise TimeoutError("nats: timeout")
-        return await super().save(raw, revision)
+        return await super().save(raw, revision, workers)

@@ -30,6 +30,7 @@ async def _silence(master: Master, ranks: tuple[int, ...], seconds: float) -> No
     for r in ranks:
         master.last_seen[r] -= seconds
     master._next_loss_check = 0.0
+    master._scan_at = 0.0
     await master.tick()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Mapping
 
 import pytest
 from fakes import FakeNats, FlakyStore
@@ -179,11 +180,12 @@ def test_a_message_counted_while_the_stats_are_saved_is_saved_next() -> None:
             super().__init__()
             self.during: list[bytes] = []  # messages that arrive while a save waits
 
-        async def save(self, raw: bytes, revision: int) -> int:
+        async def save(self, raw: bytes, revision: int,
+                       workers: Mapping[int, bytes] | None = None) -> int:
             while self.during:
                 await mm.on_message(self.during.pop())
             await asyncio.sleep(0)
-            return await super().save(raw, revision)
+            return await super().save(raw, revision, workers)
 
     async def go() -> None:
         nonlocal mm
@@ -199,6 +201,29 @@ def test_a_message_counted_while_the_stats_are_saved_is_saved_next() -> None:
         await mm.tick()
         assert json.loads(store.raw or b"{}")["stats"]["invalid"] == 2
     mm: Master
+    asyncio.run(go())
+
+
+def test_silence_is_judged_only_once_the_queued_reports_are_processed() -> None:
+    """Scale harness, N=1,024: heartbeats waited in the intake queue behind other reports, the
+    ranks looked silent and were forgotten (T7p), their next beat was a new ack: a livelock.
+    A rank is judged silent only when no report waits to be processed."""
+    class Intake:
+        pending_msgs = 40
+
+    async def go() -> None:
+        mm = master(MemoryStore())
+        await to_running(mm)
+        mm._intake = Intake()
+        now = time.monotonic()
+        mm.last_seen = {0: now - 60, 1: now}
+        await mm.tick()
+        assert mm.status.phase is m.Phase.RUNCOMMAND  # 40 reports wait: not judged yet
+        Intake.pending_msgs = 0
+        mm._scan_at = 0.0  # (scans are at most 4 a second)
+        await mm.tick()
+        assert mm.status.phase is not m.Phase.RUNCOMMAND  # rank 0 is lost
+        assert mm.status.workers[0].failures == 1 or mm.status.workers[0].restarting
     asyncio.run(go())
 
 

@@ -24,7 +24,7 @@ def test_scale_harness_at_256_workers(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "scale.py"), "--workers", "256", "--steady", "3",
          "--timeout", "45", "--json", str(out)],
-        capture_output=True, text=True, timeout=120, cwd=ROOT)
+        capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [r] = json.loads(out.read_text())
     assert r["ok"] and not r["error"], r
@@ -42,8 +42,15 @@ def test_scale_harness_at_256_workers(tmp_path: Path) -> None:
     assert r["next_order"] == "troubleshoot"
     assert 0 < r["fault_p50_s"] <= r["fault_p99_s"] <= r["fault_max_s"] < 30
     assert 0 < r["troubleshoot_round_s"] and 0 < r["fault_to_restart_s"] < 60
-    # the store: the master put its status document (every rank's record) more than once
-    # per worker on the way to the run order, and again after the fault
-    assert r["doc_bytes"] > 256 * 100
-    assert r["puts_connect"] >= 256 and r["puts_fault"] > 0
-    assert r["seq_end"] >= 4  # bootcheck, run, troubleshoot, run
+    # the store: what the master put (the harness listens on the bucket's subjects). One
+    # round writes each rank's record a few times, not the whole document per report: the old
+    # layout wrote ~48 MiB for this fault at N=256, O(N²); this bound is ~10× what it is now.
+    assert r["puts_connect"] >= 256 and r["puts_fault"] > 0 and r["saves_fault"] > 0
+    assert 0 < r["bytes_fault"] < 256 * 8 * 1024, r["bytes_fault"]
+    assert r["puts_steady"] == 0  # a steady state with nothing new writes nothing
+    assert r["seq_end"] >= 6  # bootcheck, run, troubleshoot, run, hold, troubleshoot, run
+    # 4. a rank's node is gone: found lost after the lost timeout (3 s), held, replaced
+    assert 0 < r["node_lost_s"] < 30 and 0 < r["replace_to_run_s"] < 60
+    # 5. a master killed with SIGKILL: the next one rebuilt the very status from the store
+    assert r["resume_same_status"] is True and r["resume_orders"] == []
+    assert 0 < r["resume_ready_s"] < 30

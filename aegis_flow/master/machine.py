@@ -100,7 +100,19 @@ def _ignore(status: Status, why: Ignored, message: str) -> Result:
     return status, [Log(message, level="debug", ignored=why)]
 
 
+def retries_text(status: Status) -> str:
+    """Every rank's retries for a log line: the tuple up to 16 ranks, a summary beyond (a line
+    of a 4,096-rank job must not carry 4,096 numbers; the events keep 30 lines)."""
+    retries = status.retries
+    if len(retries) <= 16:
+        return str(retries)
+    charged = sum(1 for r in retries if r)
+    return f"max {max(retries)} ({charged} of {len(retries)} ranks charged)"
+
+
 def _set(status: Status, pod: PodInfo) -> Status:
+    if status.workers[pod.rank] is pod:  # unchanged (a bare heartbeat): the same status, so
+        return status                    # step compares nothing, O(1) instead of O(N)
     workers = list(status.workers)
     workers[pod.rank] = pod
     return evolve(status, workers=tuple(workers))
@@ -227,7 +239,7 @@ def _replace_worker(
             return outcome
         status = outcome
         effects.append(Log(f"B2: rank {rank} failed ({cause}); the peer symptom is "
-                           f"settled; retries {status.retries}", transition="B2"))
+                           f"settled; retries {retries_text(status)}", transition="B2"))
     pod = status.workers[rank]
     counted = pod.flaps >= status.flap_limit
     if exit_code in (ExitCode.NODE_FAULT, ExitCode.SLOW_NODE_EVICTED) and pod.node:
@@ -273,7 +285,7 @@ def _counted_failure(status: Status, rank: int, charge: Charge, row: str,
     if isinstance(outcome, tuple):
         return outcome
     status = outcome
-    message = f"{row}: rank {rank} failed ({charge.cause}); retries {status.retries}, " \
+    message = f"{row}: rank {rank} failed ({charge.cause}); retries {retries_text(status)}, " \
               f"recoverCount {status.recover_count}"
     if phase is Phase.RESTARTING:
         pod = evolve(status.workers[rank], restarting=True, exit_code=None)
@@ -414,7 +426,8 @@ def _on_ack(status: Status, ev: Ack, now: float) -> Result:
 
     if phase is Phase.PENDING:  # Pending exception: any seq
         first = pod.incarnation is None
-        pod = evolve(pod, incarnation=ev.incarnation)
+        if pod.incarnation != ev.incarnation:
+            pod = evolve(pod, incarnation=ev.incarnation)
         status = _set(status, pod)
         if all(p.incarnation is not None for p in status.workers):
             return _broadcast(status, Phase.BOOTCHECKING, "T1", "T1: every worker acked")
@@ -569,7 +582,7 @@ def _on_finish(status: Status, ev: Finish) -> Result:
                 return outcome
             status = outcome
             effects.append(Log(f"B3: no evidence beyond the peer symptom: rank {suspect.rank} "
-                               f"is charged; retries {status.retries}", transition="B3"))
+                               f"is charged; retries {retries_text(status)}", transition="B3"))
         # T9: retries aligned to recoverCount; the open failures are answered (L1)
         rc = status.recover_count
         workers = tuple(p if p.retries == rc and not p.cause else
@@ -743,6 +756,6 @@ __all__ = [
     "Ignored",
     "LIVE_PHASES", "Log", "Lost", "MalformedEvent", "Mark", "Order", "Outcome", "Persist", "Phase",
     "PodInfo", "Quarantine", "Rearm", "Resume", "Send", "Status", "Stop", "TERMINAL_PHASES",
-    "current_order",
+    "current_order", "retries_text",
     "evolve", "initial_status", "step",
 ]

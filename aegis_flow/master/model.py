@@ -7,6 +7,8 @@ holds the transition function over them and re-exports every name here.
 from __future__ import annotations
 
 import enum
+import itertools
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
@@ -22,6 +24,13 @@ from aegis_flow.vocab import Phase as Phase
 
 T = TypeVar("T")
 _REPLACERS: dict[tuple[Any, ...], Callable[[Any, dict[str, Any]], Any]] = {}
+
+
+def replaced(before: tuple[PodInfo, ...], after: tuple[PodInfo, ...]) -> list[int]:
+    """The ranks whose pod is not the very same object in ``after`` (the core evolves only
+    the pods that change, so these are the ranks a transition touched). A walk in C: at 4,096
+    ranks a Python loop over the pods per transition cost more than the transition."""
+    return list(itertools.compress(range(len(after)), map(operator.is_not, before, after)))
 
 
 def evolve(obj: T, **changes: Any) -> T:

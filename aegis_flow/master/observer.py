@@ -350,7 +350,8 @@ class Observer:
                            cause=e.reason, level="L3")
         if after is before:
             return
-        for b, a in zip(before.workers, after.workers, strict=True):
+        touched = m.replaced(before.workers, after.workers)  # O(changed) below, not O(N)
+        for b, a in ((before.workers[r], after.workers[r]) for r in touched):
             old, new = shown_phase(b), shown_phase(a)
             if old is not new:
                 v = self.views[a.rank]
@@ -520,11 +521,13 @@ class Observer:
             mt.max_retry.labels(*job).set(after.max_retry)
         if before is None or before.error_nodes != after.error_nodes:
             mt.quarantined.labels(*job).set(len(after.error_nodes))
-        if before is None or before.retries != after.retries:
-            for pod in after.workers:
+        changed = (after.workers if before is None else
+                   [after.workers[r] for r in m.replaced(before.workers, after.workers)])
+        for pod in changed:  # O(ranks that changed), not O(N), per transition
+            old = None if before is None else before.workers[pod.rank]
+            if old is None or old.retries != pod.retries:
                 mt.retries.labels(*job, str(pod.rank)).set(pod.retries)
-        if before is None or [p.slow for p in before.workers] != [p.slow for p in after.workers]:
-            for pod in after.workers:
+            if old is None or old.slow != pod.slow:
                 mt.slow.labels(*job, str(pod.rank)).set(int(pod.slow))
         if after.phase.terminal:
             for rank in range(self.n):

@@ -133,6 +133,22 @@ def order_data(status: Status, order: Order, seq: int) -> dict[str, Any]:
     return data
 
 
+#: heartbeats per second the master is sized for: 0.5 s beats up to 1,000 workers
+#: (docs/benchmarks.md, "Control plane at scale")
+BEAT_BUDGET = 2000.0
+#: the workers' own default interval (settings.WORKER.heartbeat_interval)
+BEAT_DEFAULT = 0.5
+
+
+def beat_floor(workers: int, lost_timeout: float) -> float | None:
+    """The shortest heartbeat interval the workers of a large job may use, told with every
+    order: the master's budget spread over the workers, and never more than a third of the
+    lost timeout (a rank is then judged on three beats at least). None when the workers' own
+    interval stands (up to ``BEAT_BUDGET`` × 0.5 s = 1,000 workers)."""
+    floor = min(workers / BEAT_BUDGET, lost_timeout / 3)
+    return round(floor, 3) if floor > BEAT_DEFAULT else None
+
+
 def rendezvous_addr(status: Status) -> str:
     """Where every rank meets: the job's fixed address, or (``RDZV_RANK0``, pods) the address
     rank 0's pod reported when it acked - its current one, so a rank 0 moved to another pod

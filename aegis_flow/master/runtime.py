@@ -23,10 +23,19 @@ from aegis_flow import protocol as p
 from aegis_flow.master import machine as m
 from aegis_flow.master import policy
 from aegis_flow.master.anomaly import Anomalies
-from aegis_flow.master.model import RDZV_RANK0, RDZV_SPAN, evolve
+from aegis_flow.master.model import RDZV_RANK0, RDZV_SPAN, evolve, replaced
 from aegis_flow.master.placement import Placement, trusted_node
 from aegis_flow.master.slowness import SlowDetector
-from aegis_flow.master.store import KVStore, Store, StoreConflict, decode_doc, encode_doc
+from aegis_flow.master.store import (
+    KVStore,
+    Store,
+    StoreConflict,
+    decode_doc,
+    encode_doc,
+    encode_job,
+    encode_worker,
+    job_layout,
+)
 from aegis_flow.settings import MASTER
 
 if TYPE_CHECKING:
@@ -160,6 +169,23 @@ class Master:
         # documents sent to the store whose save failed (a timeout): one may land later
         self._unconfirmed: collections.deque[bytes] = collections.deque(maxlen=64)
         self._stats_saved: dict[str, int] = {}
+        # the status as last stored (None: nothing stored yet), and ranks whose records the
+        # next save must write although they did not change since (their tail changed; a
+        # resumed master's delta): a save writes the job record and the changed ranks only
+        self._saved: m.Status | None = None
+        self._unwritten: set[int] = set()
+        self._tail_dirty: set[int] = set()  # ranks whose last output lines changed
+        self._newest: dict[int, bytes] = {}  # each rank's newest committed record
+        self._encoded: dict[int, tuple[m.PodInfo, list[str] | None, bytes]] = {}
+        self._quiet_saved_at = 0.0  # the last save of quiet transitions (tick)
+        self._save_took = 0.0  # seconds the last save took
+        self._record_tasks: set[asyncio.Task[None]] = set()
+        self._intake: Any = None  # the subscription of the workers' reports (its backlog)
+        self._backlog_said = 0.0
+        self._scan_at = 0.0  # the next scan for silent ranks (tick)
+        # the quiet transitions not yet checked by the monitor: (status before the first,
+        # the last event, how many)
+        self._batch: tuple[m.Status, m.Event, int] | None = None
         self.env_reports: dict[int, dict[str, Any]] = {}
         self.bandwidth: dict[int, float] = {}
         # each rank's progress counts in its current run, as its heartbeats carry them: (seq of
@@ -190,25 +216,95 @@ class Master:
                           updated=time.time(), max_retry=self.cfg.max_retry,
                           tails={str(r): t for r, t in self.tails.items()}, **extra)
 
+    def _changed(self, status: m.Status) -> set[int]:
+        """The ranks whose records differ from the stored ones (every rank before the first
+        save). Unchanged pods are the same objects (the core evolves only what changes), so
+        this is a pointer walk, not N comparisons of records."""
+        saved = self._saved
+        if saved is None or len(saved.workers) != len(status.workers):
+            return set(range(len(status.workers)))
+        before, after = saved.workers, status.workers
+        return {r for r in replaced(before, after) if before[r] != after[r]} \
+            | self._unwritten | self._tail_dirty
+
     async def _persist(self) -> None:
         if self.store is None:
+            self._saved = self.status
             return
+        status = self.status
+        began = time.monotonic()
         stats = dict(self.stats)  # what this document holds: more may be counted while it saves
-        raw = self._doc()
+        records = {r: self._record(status.workers[r]) for r in sorted(self._changed(status))}
+        raw = encode_job(status, records, events=list(self.events), stats=stats,
+                         updated=time.time(), max_retry=self.cfg.max_retry)
         self._unconfirmed.append(raw)
         try:
             self.revision = await self.store.save(raw, self.revision)
         except StoreConflict:
             # A save that timed out may have landed after all (a paused NATS handles the queued
-            # request when it resumes): the store is one revision on, with our own document.
-            stored, rev = await self.store.load()
+            # request when it resumes): the store is one revision on, with our own record.
+            stored, rev = await self.store.load_job()
             if stored is None or stored not in self._unconfirmed:
                 raise
             log.warning("a status save that timed out was stored after all (revision %d)", rev)
             self.revision = await self.store.save(raw, rev)
         self._unconfirmed.clear()
         self._stats_saved = stats
+        self._saved = status
+        # Committed: the job record holds these records (its delta). Their own keys are written
+        # after, off the path of the orders; until a rank's newest record is there, every save
+        # carries it in its delta again.
+        self._unwritten |= set(records)
+        self._tail_dirty -= set(records)
+        self._newest.update(records)
+        if records and not self._record_tasks:  # one writer; a busy one loops on its own
+            task = asyncio.ensure_future(self._write_records())
+            self._record_tasks.add(task)
+            task.add_done_callback(self._record_tasks.discard)
+        self._save_took = time.monotonic() - began
+        self.stats["store_saves"] += 1
+        self.stats["store_bytes"] += len(raw) + sum(len(r) for r in records.values())
+        self._stats_saved["store_saves"] = self.stats["store_saves"]
+        self._stats_saved["store_bytes"] = self.stats["store_bytes"]
         self._write_progress()
+
+    def _record(self, pod: m.PodInfo) -> bytes:
+        """A rank's record, encoded once per change of its pod or tail (a rank whose key is
+        still being written goes into every delta meanwhile: thousands of them in a round)."""
+        tail = self.tails.get(pod.rank)
+        cached = self._encoded.get(pod.rank)
+        if cached is not None and cached[0] is pod and cached[1] is tail:
+            return cached[2]
+        raw = encode_worker(pod, tail)
+        self._encoded[pod.rank] = (pod, tail, raw)
+        return raw
+
+    async def _write_records(self) -> None:
+        """Write the newest committed record of every rank whose key is behind, until none is
+        (one writer: each pass writes each rank once, however many saves came meanwhile). A
+        failed pass stops; the next save carries those ranks in its delta and starts again."""
+        assert self.store is not None
+        while True:
+            records = {r: self._newest[r] for r in sorted(self._unwritten) if r in self._newest}
+            if not records:
+                return
+            try:
+                await self.store.save_records(records)
+            except Exception as exc:  # noqa: BLE001 - the next save's delta carries them again
+                self.stats["record_writes_failed"] += 1
+                failed = self.stats["record_writes_failed"]
+                if failed & (failed - 1) == 0:  # the 1st, 2nd, 4th… failure
+                    log.warning("could not write %d worker records (%s): the next save carries "
+                                "them", len(records), str(exc) or type(exc).__name__)
+                return
+            for rank, raw in records.items():
+                if self._newest.get(rank) is raw:  # not changed since: its key is current
+                    self._unwritten.discard(rank)
+
+    async def records_written(self) -> None:
+        """Until every worker record of the saves so far is written (or failed)."""
+        while self._record_tasks:
+            await asyncio.gather(*self._record_tasks, return_exceptions=True)
 
     def _write_progress(self) -> None:
         """Argo's self-reported progress of the master step (``ARGO_PROGRESS_FILE``): the
@@ -270,12 +366,18 @@ class Master:
             raise ValueError(f"stored job has {len(status.workers)} workers, not "
                              f"{self.cfg.workers}")
         self.status, self.revision = status, rev
+        self._saved = status
+        job, _ = await self.store.load_job()
+        layout = job_layout(job) if job is not None else None
+        # the records the job record carried may never have reached their keys (a master
+        # killed between the two writes): the next save writes them
+        self._unwritten = set(layout[1]) if layout is not None else set(range(len(status.workers)))
         self.events.extend(doc.get("events", []))
         self.stats.update(doc.get("stats", {}))
         self._stats_saved = dict(self.stats)
         self.tails = {int(r): list(t) for r, t in (doc.get("tails") or {}).items()}
         self._note(f"resumed from stored status: {status.phase.value}, seq {status.seq}, "
-                   f"retries {status.retries}")
+                   f"retries {m.retries_text(status)}")
 
     def _note(self, text: str, level: int = logging.INFO) -> None:
         stamp = time.strftime("%H:%M:%S")
@@ -292,7 +394,15 @@ class Master:
             before_status = self.status
             before = before_status.phase
             new, effects = m.step(self.status, event, now=time.time())
-            if effects and isinstance(effects[0], m.Persist):
+            quiet = bool(effects) and isinstance(effects[0], m.Persist) and _quiet(
+                before_status, event, new, effects[1:])
+            if quiet:
+                # Nothing goes out and no order or phase changes (a rank's ack, one FINISH of
+                # many): stored with the next save, at the latest on the next tick. A master
+                # killed before then has lost only reports its workers repeat with every beat.
+                effects = effects[1:]
+            elif effects and isinstance(effects[0], m.Persist):
+                self._monitor_batch(before_status)
                 self.status = new
                 try:
                     saved = await self._save()
@@ -307,7 +417,11 @@ class Master:
             self.status = new
             self.last_applied = (type(event).__name__, time.time())
             if new is not before_status and self.cfg.monitor:
-                self._monitor(before_status, event, new, effects)
+                if quiet:  # checked with the quiet transitions around it, before the next save
+                    start, _, count = self._batch or (before_status, event, 0)
+                    self._batch = (start, event, count + 1)
+                else:
+                    self._monitor(before_status, event, new, effects)
             if self.observer is not None:
                 self.observer.transition(before_status, new, event, effects, time.time())
             if self._timing and not isinstance(event, m.Ack) and new is not before_status:
@@ -323,16 +437,28 @@ class Master:
                 await self._execute(effect)
             return True
 
+    def _monitor_batch(self, upto: m.Status) -> None:
+        """The quiet transitions since the last check (a run of acks and FINISHes of one seq),
+        checked as one transition ending in ``upto``: the state invariants on it and the edge
+        checks from the status before the first. Checking each of them alone costs O(N) per
+        report, O(N²) per round: at 4,096 ranks more than the round itself."""
+        batch, self._batch = self._batch, None
+        if batch is not None and self.cfg.monitor:
+            start, event, count = batch
+            self._monitor(start, event, upto, [],
+                          what=f"{event!r} and the {count - 1} report(s) before it"
+                          if count > 1 else "")
+
     def _monitor(self, before: m.Status, event: m.Event, after: m.Status,
-                 effects: list[m.Effect]) -> None:
+                 effects: list[m.Effect], *, what: str = "") -> None:
         """The model checker's invariants on this live transition (master/monitor.py): a
         violation is reported (log, metric, fault log), never acted on."""
         from aegis_flow.master.monitor import violations
 
         for name in violations(before, event, after, [m.Persist(), *effects]):
             self.stats["invariant_violations"] += 1
-            self._note(f"INVARIANT {name} broken by {event!r} in {before.phase.value}",
-                       logging.ERROR)
+            self._note(f"INVARIANT {name} broken by {what or repr(event)} in "
+                       f"{before.phase.value}", logging.ERROR)
             if self.observer is not None:
                 self.observer.violation(name, event, before.phase.value, time.time())
 
@@ -399,6 +525,9 @@ class Master:
         order = effect.order if not isinstance(effect, m.ExitWorker) else m.Order.EXIT
         st = self.status
         extra = policy.order_data(st, order, effect.seq)
+        floor = policy.beat_floor(self.cfg.workers, self.cfg.lost_timeout)
+        if floor is not None:  # a large job: fewer heartbeats (the same for every seq)
+            extra = {**extra, "beat_floor": floor}
         stamp = st.sent_at if effect.seq == st.seq and st.sent_at else now
         msg = p.order_message(self.subjects, effect, now=stamp, extra=extra)
         await self.nc.publish(subject, msg.encode())
@@ -438,6 +567,7 @@ class Master:
             tail = msg.data.get("tail")
             if isinstance(tail, list):
                 self.tails[event.rank] = [str(line)[:300] for line in tail[-10:]]
+                self._tail_dirty.add(event.rank)  # its record holds the tail
         if isinstance(event, m.Finish) and event.seq == before.seq:
             if before.phase is m.Phase.BOOTCHECKING:
                 for r in msg.data.get("results") or []:
@@ -599,17 +729,39 @@ class Master:
         self._watch_resources(st, now)
         if self.security is not None:
             self._count_refusals(self.security.counters())
-        if self.store_down_since is not None or (
+        # quiet transitions wait QUIET_SAVE, or four times what the last save took: saving
+        # never takes more than a fifth of the master's time, however big a round's delta is
+        behind = self._saved is not self.status and (
+            now - self._quiet_saved_at >= max(QUIET_SAVE, 4 * self._save_took))
+        if self.store_down_since is not None or behind or (
                 dict(self.stats) != self._stats_saved and now - self._stats_at > 1.0):
-            self._stats_at = now  # keep the stored stats current; probe a store that failed
+            self._stats_at = self._quiet_saved_at = now  # the stored stats and quiet
+            # transitions kept current (a few saves a second, not one per report); probe a
+            # store that failed
             async with self.lock:
+                self._monitor_batch(self.status)
                 await self._save()
         if st.phase.terminal or now < self._loss_grace_until or self.store_down_since:
             return
+        if now < max(self._next_loss_check, self._scan_at):
+            return
+        # the scan is O(N): four times a second at most (at 4,096 ranks, every 50 ms tick
+        # cost more than the heartbeats themselves)
+        self._scan_at = now + min(0.25, self.cfg.lost_timeout / 8)
         silent = {pod.rank: now - self.last_seen.get(pod.rank, self.started)
                   for pod in st.workers if pod.incarnation is not None and not pod.restarting}
         silent = {r: t for r, t in silent.items() if t > self.cfg.lost_timeout}
         if not silent or now < self._next_loss_check:
+            return
+        backlog = self._backlog()
+        if backlog:
+            # Reports wait in the intake queue: a silent rank's heartbeat may be among them (a
+            # rank's liveness is stamped when its report is processed). Judge once they are.
+            if now - self._backlog_said > 5.0:
+                self._backlog_said = now
+                log.warning("%d reports wait to be processed; %d rank(s) silent for more than "
+                            "%.0f s are judged once they are", backlog, len(silent),
+                            self.cfg.lost_timeout)
             return
         # What the core needs to tell a control-plane outage from lost workers (T6n): every
         # rank silent at this instant, and whether the master itself reaches NATS right now.
@@ -620,6 +772,13 @@ class Master:
         for rank in sorted(silent):
             await self.apply(m.Lost(rank, silent=ranks, nats_ok=nats_ok,
                                     outlasted=silent[rank] > self.cfg.outage_limit))
+
+    def _backlog(self) -> int:
+        """Reports received from NATS and not yet processed (0 without a subscription)."""
+        try:
+            return int(self._intake.pending_msgs) if self._intake is not None else 0
+        except (AttributeError, TypeError, ValueError):
+            return 0
 
     def _count_refusals(self, counters: dict[str, int]) -> None:
         """The credential service's counters, into the stored stats and the metrics."""
@@ -748,7 +907,7 @@ class Master:
                     self.security.job_ended()
                 await self.security.start(self.nc)
             self.started = self.phase_since = time.monotonic()
-            await self.nc.subscribe(self.subjects.masters, cb=self._cb)
+            self._intake = await self.nc.subscribe(self.subjects.masters, cb=self._cb)
             await self.nc.subscribe(self.subjects.control, cb=self._cb)
             if self.observer is not None:
                 self.observer.loaded(self.status, resumed=self.revision > 1, now=time.time())
@@ -772,6 +931,8 @@ class Master:
             log.error("%s", exc)
             return 5
         finally:
+            with contextlib.suppress(Exception):  # the worker records of the last saves
+                await asyncio.wait_for(self.records_written(), 5)
             if self.security is not None:
                 await self.security.stop()
             with contextlib.suppress(Exception):
@@ -843,6 +1004,22 @@ class Master:
         now = time.monotonic()
         return all(now - self.last_seen.get(r, 0.0) > 3 * self.cfg.tick + 1.0
                    for r in range(self.cfg.workers))
+
+
+#: quiet transitions (acks, FINISHes that send nothing) are stored this often at most
+QUIET_SAVE = 0.2
+
+
+def _quiet(before: m.Status, event: m.Event, after: m.Status, effects: list[m.Effect]) -> bool:
+    """A transition whose storing can wait for the next save (pure): a rank's own report (an
+    ack or a FINISH, which its worker repeats with every heartbeat until the seq moves on),
+    no effect beyond a log line, and the same phase and order (seq). Everything a restarted
+    master must never lose (a seq sent, an outcome, a charge with its restart) comes with an
+    order, so it is stored before that order goes out."""
+    return (isinstance(event, m.Ack | m.Finish)
+            and before.phase is after.phase and before.seq == after.seq
+            and not after.phase.terminal
+            and all(isinstance(e, m.Log) for e in effects))
 
 
 def summary(status: m.Status) -> str:

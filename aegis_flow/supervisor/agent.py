@@ -256,6 +256,7 @@ class Supervisor:
         self.ckpt_held: tuple[int, int, str, float] | None = None
         self._tasks: set[asyncio.Future[None]] = set()  # reports sent from a reader callback
         self.beats = BeatClock(cfg.heartbeat_interval)
+        self.beat_every = cfg.heartbeat_interval  # longer in a large job (_beat_floor)
         self.gpu_type = gpu_type()
         self.session: Any = None  # supervisor.creds.Session when --creds is given
         # what this worker is busy with, in words, and since when (heartbeats carry it: the
@@ -336,7 +337,7 @@ class Supervisor:
                                                         time.monotonic(), pids)
             except Exception:  # noqa: BLE001 - monitoring must never stop the supervisor
                 self._sampled = {}
-            await asyncio.sleep(self.cfg.heartbeat_interval)
+            await asyncio.sleep(self.beat_every)
 
     def _step_rate(self) -> float | None:
         """Steps per second: the script's own step numbers, else its optimizer steps."""
@@ -377,6 +378,7 @@ class Supervisor:
             return
         self.last_order_at = time.monotonic()
         self._heard_master()
+        self._beat_floor(msg.data.get("beat_floor"))
         try:
             order = Order(msg.data.get("order", ""))
         except ValueError:
@@ -983,6 +985,14 @@ class Supervisor:
             self.refused_since = now
         self.refused_why = str(why).strip() or type(why).__name__
 
+    def _beat_floor(self, floor: object) -> None:
+        """A large job's master asks for fewer heartbeats (policy.beat_floor): beat every
+        ``floor`` seconds when that is longer than our own interval (bounded: 60 s)."""
+        if isinstance(floor, int | float) and not isinstance(floor, bool) and 0 < floor <= 60:
+            every = max(self.cfg.heartbeat_interval, float(floor))
+            if every != self.beat_every:
+                self.beat_every = self.beats.interval = every
+
     async def _beat_loop(self) -> None:
         while True:
             await self.heartbeat()
@@ -990,7 +1000,7 @@ class Supervisor:
                 _warn(f"no order from the master in {self.cfg.master_timeout:.0f} s")
                 self._finish(-1)
                 return
-            await asyncio.sleep(self.cfg.heartbeat_interval)
+            await asyncio.sleep(self.beat_every)
 
     # -- the orphan bound --------------------------------------------------------------------
     def _heard_master(self) -> None:
