@@ -23,7 +23,8 @@ WORKER_OURS = ("aegis_flow.protocol", "aegis_flow.outcome", "aegis_flow.argtypes
                "aegis_flow.master.model",
                "aegis_flow.master.policy",
                "aegis_flow.supervisor", "aegis_flow.steps")
-CORE_ALLOWED = {"__future__", "enum", "dataclasses", "typing", "collections"}
+CORE_ALLOWED = {"__future__", "enum", "dataclasses", "typing", "collections", "itertools",
+                "operator"}
 
 
 def imports(path: Path) -> list[str]:

@@ -152,6 +152,7 @@ class Observer:
         self.round_since = 0.0
         self.recovery: tuple[float, str, str] | None = None  # (since, cause, level)
         self._gpu_frozen = ""
+        self._gpu_seen: str | None = None  # the most common gpu type (None: count again)
         self._msg: p.Message | None = None
         self._msg_event: m.Event | None = None
         self._beat_gauges: dict[int, tuple[Any, ...]] = {}
@@ -165,8 +166,10 @@ class Observer:
             return self.configured_gpu
         if self._gpu_frozen:
             return self._gpu_frozen
-        seen = Counter(v.gpu_type for v in self.views if v.gpu_type)
-        return seen.most_common(1)[0][0] if seen else "unknown"
+        if self._gpu_seen is None:  # counted again only when a rank's type changed, not on
+            seen = Counter(v.gpu_type for v in self.views if v.gpu_type)  # every report:
+            self._gpu_seen = seen.most_common(1)[0][0] if seen else "unknown"  # O(N) each
+        return self._gpu_seen
 
     def _line(self, kind: str, now: float, phase: str, message: str, *, rank: int | None = None,
               cause: str = "", level: str = "") -> None:
@@ -220,7 +223,9 @@ class Observer:
         v.pod_ip = str(d.get("pod_ip") or v.pod_ip)
         v.node = str(d.get("node") or v.node)
         v.node_ip = str(d.get("node_ip") or v.node_ip or v.pod_ip)
-        v.gpu_type = str(d.get("gpu_type") or v.gpu_type)[:60]
+        gpu = str(d.get("gpu_type") or v.gpu_type)[:60]
+        if gpu != v.gpu_type:
+            v.gpu_type, self._gpu_seen = gpu, None
         v.last_beat = now
         rate, step = _num(d.get("step_rate")), _num(d.get("step"))
         v.step_rate = rate
@@ -361,7 +366,7 @@ class Observer:
                 v.phase_since = now
         if before.phase is not after.phase:
             self._phase_change(before, after, event, data, now)
-        self._gauges(before, after)
+        self._gauges(before, after, touched)
 
     def close(self, summary: str, now: float, *, stopped: bool = False) -> None:
         """The job's end: the summary line, and a final metrics snapshot beside the log.
@@ -508,7 +513,8 @@ class Observer:
                 {m.Phase.SUCCEED: mt.jobs_succeeded, m.Phase.FAILED: mt.jobs_failed,
                  m.Phase.INDEPENDENT: mt.jobs_independent}[a].labels(gpu, wn).inc()
 
-    def _gauges(self, before: m.Status | None, after: m.Status) -> None:
+    def _gauges(self, before: m.Status | None, after: m.Status,
+                touched: list[int] | None = None) -> None:
         mt = self.metrics
         if mt is None:
             return
@@ -521,8 +527,10 @@ class Observer:
             mt.max_retry.labels(*job).set(after.max_retry)
         if before is None or before.error_nodes != after.error_nodes:
             mt.quarantined.labels(*job).set(len(after.error_nodes))
-        changed = (after.workers if before is None else
-                   [after.workers[r] for r in m.replaced(before.workers, after.workers)])
+        if touched is None and before is not None:
+            touched = m.replaced(before.workers, after.workers)
+        changed = (after.workers if before is None or touched is None else
+                   [after.workers[r] for r in touched])
         for pod in changed:  # O(ranks that changed), not O(N), per transition
             old = None if before is None else before.workers[pod.rank]
             if old is None or old.retries != pod.retries:

@@ -179,6 +179,7 @@ class Master:
         self._encoded: dict[int, tuple[m.PodInfo, list[str] | None, bytes]] = {}
         self._quiet_saved_at = 0.0  # the last save of quiet transitions (tick)
         self._save_took = 0.0  # seconds the last save took
+        self._broadcast: tuple[int, m.Order, float] | None = None  # the last: seq, order, when
         self._record_tasks: set[asyncio.Task[None]] = set()
         self._intake: Any = None  # the subscription of the workers' reports (its backlog)
         self._backlog_said = 0.0
@@ -478,7 +479,11 @@ class Master:
                 log.debug(effect.message)
         elif isinstance(effect, m.Broadcast):
             await self._publish(self.subjects.broadcast, effect, now)
+            self._broadcast = (effect.seq, effect.order, time.monotonic())
         elif isinstance(effect, m.Send):
+            if self._in_flight(effect):
+                self.stats["resends_in_flight"] += 1
+                return
             await self._publish(self.subjects.worker(effect.rank), effect, now)
         elif isinstance(effect, m.ExitWorker):
             await self._publish(self.subjects.worker(effect.rank), effect, now)
@@ -531,6 +536,17 @@ class Master:
         stamp = st.sent_at if effect.seq == st.seq and st.sent_at else now
         msg = p.order_message(self.subjects, effect, now=stamp, extra=extra)
         await self.nc.publish(subject, msg.encode())
+
+    def _in_flight(self, effect: m.Send) -> bool:
+        """A re-send of the order just broadcast, asked for by a heartbeat sent before the
+        broadcast reached that worker: within one heartbeat interval of the broadcast it is
+        skipped (the core asks again on the rank's next heartbeat if the order was lost). At
+        4,096 ranks these re-sends were a fifth of the master's work in a round."""
+        if self._broadcast is None:
+            return False
+        seq, order, at = self._broadcast
+        gap = policy.beat_floor(self.cfg.workers, self.cfg.lost_timeout) or policy.BEAT_DEFAULT
+        return effect.seq == seq and effect.order is order and time.monotonic() - at < gap
 
     def _count(self, msg: p.Message) -> None:
         """Keep the progress counts a heartbeat or hang report carries (data, no decision)."""
