@@ -195,7 +195,10 @@ def test_a_restarted_master_rebuilds_the_status_from_a_real_kv(tmp_path: Path) -
             await a.tick()
             assert a._saved is a.status
             kv = await nc.jetstream().key_value(subjects.kv_bucket)
-            assert json.loads((await kv.get(worker_key(4))).value)["tail"][-1] == "KeyError: 'x'"
+            await a.records_written()
+            block = json.loads((await kv.get(worker_key(4))).value)  # ranks 0..63: one key
+            assert worker_key(4) == "w.0" and sorted(block) == [str(r) for r in range(6)]
+            assert block["4"]["tail"][-1] == "KeyError: 'x'"
             b = Master(MasterConfig(job="j", workers=6, observe=False),
                        store=await KVStore.open(nc, subjects.kv_bucket, create=False))
             b.nc = FakeNats()

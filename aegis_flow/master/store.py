@@ -1,8 +1,8 @@
 """Status persistence: a JSON codec (pure) and stores behind one Protocol.
 
 The status is stored as one small **job record** (key ``status``: the job-level fields, the
-events, the stats) plus one **worker record** per rank (key ``w.<rank>``: its ``PodInfo`` and
-its last output lines). A save writes the job record with compare-and-set (the commit point,
+events, the stats) plus one **worker record** per rank (its ``PodInfo`` and its last output
+lines), kept in blocks of ``BLOCK`` ranks (key ``w.<block>``). A save writes the job record with compare-and-set (the commit point,
 and the fence against a second master), then the worker records that changed. The job record
 also carries those changed worker records (``delta``), so a master killed between the two
 writes loses nothing: a reader takes a rank's record from the delta first. Bytes written per
@@ -38,8 +38,32 @@ FORMAT = 2  # the job record + worker records layout (1: one document with every
 DELTA_MARK = b', "delta": {'
 
 
+#: ranks per worker key in the KV store: a round that changes every rank of a 4,096-rank job
+#: is 64 puts, not 4,096 (each put is a request to JetStream); one rank's change rewrites its
+#: block, ~30 KiB: still the same bytes whatever the size of the job
+BLOCK = 64
+
+
 def worker_key(rank: int) -> str:
-    return f"w.{rank}"
+    """The KV key holding rank ``rank``'s record (its block of ``BLOCK`` ranks)."""
+    return f"w.{rank // BLOCK}"
+
+
+def encode_block(records: Mapping[int, bytes]) -> bytes:
+    """One worker key's value: rank → record, for the ranks of one block."""
+    return b"{" + b", ".join(b'"%d": %s' % (r, raw) for r, raw in sorted(records.items())) + b"}"
+
+
+def decode_block(raw: bytes | None) -> dict[int, Any]:
+    """The records of one worker key (rank → record object); {} when missing or unreadable
+    (the ranks it should hold are then named by ``assemble``)."""
+    if raw is None:
+        return {}
+    try:
+        doc = json.loads(raw)
+        return {int(r): rec for r, rec in doc.items()} if isinstance(doc, dict) else {}
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return {}
 
 
 class StoreConflict(RuntimeError):
@@ -187,7 +211,7 @@ def join_job(raw: bytes, parts: Mapping[str, bytes | None]) -> bytes:
     return json.dumps(doc, sort_keys=True).encode()
 
 
-def assemble(job: bytes, records: Mapping[int, bytes | None]) -> bytes:
+def assemble(job: bytes, records: Mapping[int, bytes | dict[str, Any] | None]) -> bytes:
     """The one document (``decode_doc``'s) from a job record and the worker records; a rank's
     record in the job's delta wins over its stored key (it is the newer one). An old-format
     document is returned as it is. ValueError naming the damage (a rank with no record)."""
@@ -204,7 +228,7 @@ def assemble(job: bytes, records: Mapping[int, bytes | None]) -> bytes:
             if stored is None:
                 raise ValueError(f"stored status is damaged: no record of rank {rank}")
             try:
-                raw = json.loads(stored)
+                raw = stored if isinstance(stored, dict) else json.loads(stored)
             except (ValueError, UnicodeDecodeError) as exc:
                 raise ValueError(f"stored status is damaged: rank {rank}'s record is not "
                                  f"JSON ({exc})") from None
@@ -286,6 +310,7 @@ class KVStore:
         self.max_record = max_record
         self._parts: list[str] = []  # the part keys of the last split save (removed later)
         self._split: dict[bytes, bytes] = {}  # stored form → the record as it was given
+        self._blocks: dict[int, dict[int, bytes]] = {}  # block → rank → record (as written)
 
     @classmethod
     async def open(cls, nc: Any, bucket: str, *, create: bool = True) -> KVStore:
@@ -324,21 +349,32 @@ class KVStore:
         if layout is None:
             return job, revision
         n, in_delta = layout
-        wanted = [r for r in range(n) if r not in in_delta]
-        records: dict[int, bytes | None] = {}
-        for at in range(0, len(wanted), self.PARALLEL):
-            chunk = wanted[at:at + self.PARALLEL]
-            got = await asyncio.gather(*(self._get(worker_key(r)) for r in chunk))
-            records.update((r, raw) for r, (raw, _) in zip(chunk, got, strict=True))
+        keys = sorted({worker_key(r) for r in range(n) if r not in in_delta})
+        records: dict[int, Any] = {}
+        for at in range(0, len(keys), self.PARALLEL):
+            chunk = keys[at:at + self.PARALLEL]
+            got = await asyncio.gather(*(self._get(k) for k in chunk))
+            for raw, _ in got:
+                block = decode_block(raw)
+                records.update(block)
+                for rank, rec in block.items():  # what a block write keeps of ranks not passed
+                    self._blocks.setdefault(rank // BLOCK, {})[rank] = json.dumps(
+                        rec, sort_keys=True).encode()
         return assemble(job, records), revision
 
-    PARALLEL = 256  # worker records read or written at once
+    PARALLEL = 256  # worker keys read or written at once
 
     async def save_records(self, workers: Mapping[int, bytes]) -> None:
-        items = sorted(workers.items())
+        """Each block whose ranks changed is written whole: the records given, and for the
+        other ranks of the block the last ones written or read."""
+        touched = set()
+        for rank, rec in workers.items():
+            self._blocks.setdefault(rank // BLOCK, {})[rank] = rec
+            touched.add(rank // BLOCK)
+        items = sorted(touched)
         for at in range(0, len(items), self.PARALLEL):
-            await asyncio.gather(*(self.records_kv.put(worker_key(r), rec)
-                                   for r, rec in items[at:at + self.PARALLEL]))
+            await asyncio.gather(*(self.records_kv.put(f"w.{b}", encode_block(self._blocks[b]))
+                                   for b in items[at:at + self.PARALLEL]))
 
     async def save(self, raw: bytes, revision: int,
                    workers: Mapping[int, bytes] | None = None) -> int:
