@@ -253,3 +253,20 @@ def test_the_monitor_checks_the_quiet_transitions_before_the_next_save(
     assert broken.stats["invariant_violations"] >= 1
     assert any("INVARIANT WorkerSeqNumBound broken by Finish(rank=1" in e
                and "and the 1 report(s) before it" in e for e in broken.events), broken.events
+
+
+def test_which_transitions_may_wait_for_the_next_save() -> None:
+    from aegis_flow.master.runtime import _quiet
+
+    st = m.evolve(m.initial_status(2, max_retry=1), phase=m.Phase.BOOTCHECKING, seq=3)
+    pod = m.evolve(st.workers[0], seq=2)
+    after = m.evolve(st, workers=(pod, st.workers[1]))
+    log = m.Log("rank 0 seen")
+    resend = m.Send(0, m.Order.BOOTCHECK, 3)
+    assert _quiet(st, m.Ack(0, "i0", 2), after, [log, resend])  # a re-send of the stored seq
+    assert not _quiet(st, m.Ack(0, "i0", 2), after, [m.Send(0, m.Order.BOOTCHECK, 4)])
+    assert not _quiet(st, m.Ack(0, "i0", 2), after, [m.Broadcast(m.Order.RUN, 3)])
+    assert not _quiet(st, m.Ack(0, "i0", 2), m.evolve(after, seq=4), [log])  # a new order
+    assert not _quiet(st, m.Ack(0, "i0", 2), m.evolve(after, phase=m.Phase.RUNCOMMAND), [])
+    assert not _quiet(st, m.Lost(0), after, [log])  # only a rank's own repeated reports
+    assert _quiet(st, m.Finish(0, 3, True), after, [log])

@@ -1028,14 +1028,17 @@ QUIET_SAVE = 0.2
 
 def _quiet(before: m.Status, event: m.Event, after: m.Status, effects: list[m.Effect]) -> bool:
     """A transition whose storing can wait for the next save (pure): a rank's own report (an
-    ack or a FINISH, which its worker repeats with every heartbeat until the seq moves on),
-    no effect beyond a log line, and the same phase and order (seq). Everything a restarted
-    master must never lose (a seq sent, an outcome, a charge with its restart) comes with an
-    order, so it is stored before that order goes out."""
+    ack or a FINISH, which its worker repeats with every heartbeat until the seq moves on), the
+    same phase and order (seq), and no effect beyond a log line or a re-send of that order (the
+    core re-derives it from the status on every heartbeat that shows an older seq; the order
+    and its seq were stored when it was first sent). Everything a restarted master must never
+    lose (a new seq, an outcome, a charge with its restart) comes with a new order, so it is
+    stored before that order goes out."""
     return (isinstance(event, m.Ack | m.Finish)
             and before.phase is after.phase and before.seq == after.seq
             and not after.phase.terminal
-            and all(isinstance(e, m.Log) for e in effects))
+            and all(isinstance(e, m.Log) or isinstance(e, m.Send) and e.seq == after.seq
+                    for e in effects))
 
 
 def summary(status: m.Status) -> str:
