@@ -2,11 +2,14 @@
 
 The status is stored as one small **job record** (key ``status``: the job-level fields, the
 events, the stats) plus one **worker record** per rank (its ``PodInfo`` and its last output
-lines), kept in blocks of ``BLOCK`` ranks (key ``w.<block>``). A save writes the job record with compare-and-set (the commit point,
-and the fence against a second master), then the worker records that changed. The job record
-also carries those changed worker records (``delta``), so a master killed between the two
-writes loses nothing: a reader takes a rank's record from the delta first. Bytes written per
-transition therefore grow with the ranks that transition changed, not with the job.
+lines), kept in blocks of ``BLOCK`` ranks (key ``w.<block>``). A save writes the job record
+with compare-and-set (the commit point, and the fence against a second master); the worker
+records that changed are written after it (``save_records``, by the runtime's one background
+writer). The job record carries the records not yet known to be written (``delta``), so a
+master killed between the two writes loses nothing: a reader takes a rank's record from the
+delta first. Bytes written per transition therefore grow with the ranks that transition
+changed, not with the job. A delta too big for one NATS message goes to compressed part keys
+(``split_job``).
 
 ``assemble`` turns the records back into the one document every reader knows (``decode_doc``);
 a stored document of the old, single-key format is read as it is.
