@@ -45,7 +45,7 @@ def test_scale_harness_at_256_workers(tmp_path: Path) -> None:
     # the store: what the master put (the harness listens on the bucket's subjects). One
     # round writes each rank's record a few times, not the whole document per report: the old
     # layout wrote ~48 MiB for this fault at N=256, O(N²); this bound is ~10× what it is now.
-    assert r["puts_connect"] >= 256 and r["puts_fault"] > 0 and r["saves_fault"] > 0
+    assert r["puts_connect"] > 0 and r["puts_fault"] > 0 and r["saves_fault"] > 0
     assert 0 < r["bytes_fault"] < 256 * 8 * 1024, r["bytes_fault"]
     assert r["puts_steady"] == 0  # a steady state with nothing new writes nothing
     assert r["seq_end"] >= 6  # bootcheck, run, troubleshoot, run, hold, troubleshoot, run
