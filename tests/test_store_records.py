@@ -270,3 +270,41 @@ def test_which_transitions_may_wait_for_the_next_save() -> None:
     assert not _quiet(st, m.Ack(0, "i0", 2), m.evolve(after, phase=m.Phase.RUNCOMMAND), [])
     assert not _quiet(st, m.Lost(0), after, [log])  # only a rank's own repeated reports
     assert _quiet(st, m.Finish(0, 3, True), after, [log])
+
+
+def test_a_job_record_whose_rank_records_are_gone_is_refused_with_the_reason() -> None:
+    """A record missing (its key purged, a part lost): the master stops with the clear
+    damaged-store error (exit 5), not an unforeseen exception."""
+    from aegis_flow.master.runtime import StoreDamaged
+
+    async def go() -> None:
+        store = MemoryStore()
+        a = master(store, 4)
+        await to_bootcheck(a)
+        await a.records_written()
+        store.job = encode_job(a.status, {}, events=[], stats={})  # delta gone ...
+        del store.records[2]  # ... and rank 2's key with it
+        with pytest.raises(StoreDamaged, match="no record of rank 2"):
+            await master(store, 4)._load()
+    asyncio.run(go())
+
+
+def test_status_says_a_damaged_store_is_damaged(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str],
+                                                tmp_path: Path) -> None:
+    import argparse
+
+    from aegis_flow.local import cli
+
+    async def fetch(*_: object) -> bytes:
+        raise ValueError("stored status is damaged: no record of rank 2")
+
+    monkeypatch.setattr(cli, "_fetch", fetch)
+    a = argparse.Namespace(job="j", namespace="default", nats_url="nats://127.0.0.1:1",
+                           state_dir=tmp_path, json=False, creds=None, auth_dir=None)
+    monkeypatch.setattr(cli, "_url", lambda _a: "nats://127.0.0.1:1")
+    monkeypatch.setattr(cli, "_auth_options", lambda *_: {})
+    assert cli._status(a) == 1
+    err = capsys.readouterr().err
+    assert "the stored status of default/j is damaged: stored status is damaged: no record of " \
+           "rank 2" in err and "cannot reach NATS" not in err

@@ -371,6 +371,10 @@ def _status(a: argparse.Namespace) -> int:
     try:
         subjects = p.Subjects(a.namespace, a.job)
         raw = asyncio.run(_fetch(url, subjects, _auth_options(a, subjects)))
+    except ValueError as exc:  # a worker record or a delta part missing or unreadable
+        print(f"aegis-flow status: the stored status of {a.namespace}/{a.job} is damaged: "
+              f"{exc}", file=sys.stderr)
+        return 1
     except Exception as exc:  # noqa: BLE001
         print(f"aegis-flow status: cannot reach NATS at {url}: {str(exc) or type(exc).__name__}",
               file=sys.stderr)

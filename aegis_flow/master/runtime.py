@@ -349,7 +349,10 @@ class Master:
     async def _load(self) -> None:
         if self.store is None:
             return
-        raw, rev = await self.store.load()
+        try:
+            raw, rev = await self.store.load()
+        except ValueError as exc:  # a record or a delta part missing or unreadable
+            raise self._damaged(exc) from None
         if raw is None:
             if not self.cfg.rendezvous_port_base:
                 base = pick_port_window(self.cfg.rendezvous_addr)
@@ -359,10 +362,7 @@ class Master:
         try:
             status, doc = decode_doc(raw)
         except ValueError as exc:
-            raise StoreDamaged(f"the stored status of job {self.cfg.job} is damaged ({exc}); "
-                               "the master will not resume from it. Inspect it with "
-                               "`aegis-flow status`, then start the job afresh (a new "
-                               "--job name or state dir)") from None
+            raise self._damaged(exc) from None
         if len(status.workers) != self.cfg.workers:
             raise ValueError(f"stored job has {len(status.workers)} workers, not "
                              f"{self.cfg.workers}")
@@ -379,6 +379,12 @@ class Master:
         self.tails = {int(r): list(t) for r, t in (doc.get("tails") or {}).items()}
         self._note(f"resumed from stored status: {status.phase.value}, seq {status.seq}, "
                    f"retries {m.retries_text(status)}")
+
+    def _damaged(self, exc: ValueError) -> StoreDamaged:
+        return StoreDamaged(f"the stored status of job {self.cfg.job} is damaged ({exc}); "
+                            "the master will not resume from it. Inspect it with "
+                            "`aegis-flow status`, then start the job afresh (a new "
+                            "--job name or state dir)")
 
     def _note(self, text: str, level: int = logging.INFO) -> None:
         stamp = time.strftime("%H:%M:%S")
@@ -398,9 +404,9 @@ class Master:
             quiet = bool(effects) and isinstance(effects[0], m.Persist) and _quiet(
                 before_status, event, new, effects[1:])
             if quiet:
-                # Nothing goes out and no order or phase changes (a rank's ack, one FINISH of
-                # many): stored with the next save, at the latest on the next tick. A master
-                # killed before then has lost only reports its workers repeat with every beat.
+                # No new order and no phase change (a rank's ack, one FINISH of many; at most
+                # a re-send of the stored order): stored with the next save, from the tick. A
+                # master killed before then has lost only reports its workers repeat.
                 effects = effects[1:]
             elif effects and isinstance(effects[0], m.Persist):
                 self._monitor_batch(before_status)
