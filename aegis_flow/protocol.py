@@ -131,6 +131,12 @@ class Message:
         }, separators=(",", ":")).encode()
 
 
+_FIELDS: tuple[tuple[str, type | tuple[type, ...]], ...] = (
+    ("AegisName", str), ("AegisNamespace", str), ("podName", str), ("rank", int), ("seq", int),
+    ("incarnation", str), ("phase", str), ("data", dict), ("timeStamp", (int, float)),
+)  # every message's fields and their types
+
+
 def decode(raw: bytes, *, job: str | None = None, namespace: str | None = None) -> Message:
     """Parse and validate one message; raise ProtocolError saying what is wrong."""
     if len(raw) > MAX_MESSAGE_BYTES:
@@ -148,11 +154,7 @@ def decode(raw: bytes, *, job: str | None = None, namespace: str | None = None) 
         msg_type = MsgType(obj.get("type"))
     except ValueError:
         raise ProtocolError(f"unknown message type {obj.get('type')!r}") from None
-    fields: dict[str, type | tuple[type, ...]] = {
-        "AegisName": str, "AegisNamespace": str, "podName": str, "rank": int, "seq": int,
-        "incarnation": str, "phase": str, "data": dict, "timeStamp": (int, float),
-    }
-    for key, typ in fields.items():
+    for key, typ in _FIELDS:
         value = obj.get(key)
         if value is None or isinstance(value, bool) or not isinstance(value, typ):
             raise ProtocolError(f"field {key!r} missing or of the wrong type")

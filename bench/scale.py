@@ -21,7 +21,9 @@ Scenarios, for each N of ``--workers``:
    first arrival → the run order at every worker.
 2. **steady state** (``--steady`` seconds in RunCommand): the master's and nats-server's CPU %
    (utime+stime from /proc/<pid>/stat) and RSS (VmRSS), heartbeats/s into the master (what the
-   workers published), and this harness's own CPU % (it shares the machine).
+   workers published), the messages/s the nats-server itself counted in and out (its
+   monitoring endpoint's ``/varz``; out includes the copies to the harness's KV tap), and this
+   harness's own CPU % (it shares the machine).
 3. **one fault**: the last rank sends an ERROR for the current run seq. Measured per worker:
    the fault → that worker holding the next order (troubleshoot), p50/p99/max; then the
    troubleshoot order at every worker → the restart (run) order at every worker.
@@ -60,6 +62,7 @@ import os
 import platform
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -100,6 +103,16 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
         fields = fh.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / CLK  # fields 14 and 15 of the whole line
+
+
+def nats_counts(monitor: str) -> tuple[int, int]:
+    """(messages in, messages out) the nats-server has counted since it started, from its
+    monitoring endpoint's ``/varz`` (``-m PORT``): its own count, not the harness's."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{monitor}/varz", timeout=5) as resp:
+        varz = json.loads(resp.read())
+    return int(varz["in_msgs"]), int(varz["out_msgs"])
 
 
 def rss_mib(pid: int) -> float:
@@ -328,6 +341,8 @@ class Result:
     master_rss_mib: float = float("nan")
     nats_cpu_pct: float = float("nan")
     nats_rss_mib: float = float("nan")
+    nats_in_per_s: float = float("nan")  # the server's own counts (/varz), steady state
+    nats_out_per_s: float = float("nan")
     harness_cpu_pct: float = float("nan")
     unexpected_orders: list[str] = field(default_factory=list)
     # scenario 3
@@ -484,7 +499,7 @@ class Masters:
 
 
 async def run_scenarios(res: Result, url: str, nats_pid: int, masters: Masters,
-                        args: argparse.Namespace) -> None:
+                        args: argparse.Namespace, monitor: str) -> None:
     subjects = p.Subjects(NAMESPACE, JOB)
     fleet = Fleet(url, res.n, args.per_conn, args.heartbeat)
     mon = await nats.connect(url)
@@ -533,14 +548,17 @@ async def run_scenarios(res: Result, url: str, nats_pid: int, masters: Masters,
         known = set(fleet.orders)
         pub0, w0 = fleet.published, time.monotonic()
         m0, n0, h0 = cpu_seconds(pid()), cpu_seconds(nats_pid), cpu_seconds(os.getpid())
+        in0, out0 = await asyncio.to_thread(nats_counts, monitor)
         rss_m, rss_n = [], []
         while time.monotonic() - w0 < args.steady:
             await asyncio.sleep(min(1.0, max(0.0, args.steady - (time.monotonic() - w0))))
             alive()
             rss_m.append(rss_mib(pid()))
             rss_n.append(rss_mib(nats_pid))
+        in1, out1 = await asyncio.to_thread(nats_counts, monitor)
         dt = time.monotonic() - w0
         m1, n1, h1 = cpu_seconds(pid()), cpu_seconds(nats_pid), cpu_seconds(os.getpid())
+        res.nats_in_per_s, res.nats_out_per_s = (in1 - in0) / dt, (out1 - out0) / dt
         res.steady_s = dt
         res.msgs_per_s = (fleet.published - pub0) / dt
         res.master_cpu_pct = 100 * (m1 - m0) / dt
@@ -651,7 +669,10 @@ def run_one(n: int, args: argparse.Namespace, base: Path) -> Result:
     work.mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1"}
-    with EmbeddedNats(work / "nats") as server:
+    with socket.socket() as sock:  # the server's monitoring port (/varz: its message counts)
+        sock.bind(("127.0.0.1", 0))
+        mport = sock.getsockname()[1]
+    with EmbeddedNats(work / "nats", extra_args=["-m", str(mport)]) as server:
         masters = Masters(
             [PYTHON, "-m", "aegis_flow.master", "--job", JOB, "--namespace", NAMESPACE,
              "--workers", str(n), "--nats-url", server.url,
@@ -662,7 +683,8 @@ def run_one(n: int, args: argparse.Namespace, base: Path) -> Result:
             work, env)
         try:
             masters.start()
-            asyncio.run(run_scenarios(res, server.url, server.pid, masters, args))
+            asyncio.run(run_scenarios(res, server.url, server.pid, masters, args,
+                                      f"http://127.0.0.1:{mport}"))
         except BenchError as exc:
             res.error = str(exc)
             lines = masters.log.read_text(errors="replace").splitlines()
@@ -686,7 +708,7 @@ ROUND_HEADER = ["N", "conns", "acks→bootcheck at all (s)", "bootcheck round (s
                 "fault→next order p50 (s)", "p99 (s)", "max (s)", "troubleshoot round (s)",
                 "fault→restart at all (s)"]
 STEADY_HEADER = ["N", "msgs/s in", "master CPU %", "master RSS MiB", "nats CPU %",
-                 "nats RSS MiB", "harness CPU %"]
+                 "nats RSS MiB", "nats msgs/s in", "nats msgs/s out", "harness CPU %"]
 STORE_HEADER = ["N", "job record KiB", "KV puts connect+boot", "MiB", "KV puts steady", "KiB",
                 "KV puts fault→restart", "KiB", "saves", "KiB per save", "largest put KiB"]
 RESILIENCE_HEADER = ["N", "rank silent→hold at all (s)", "new pod's first beat→run at all (s)",
@@ -702,7 +724,8 @@ def round_rows(results: Sequence[Result]) -> list[list[str]]:
 
 def steady_rows(results: Sequence[Result]) -> list[list[str]]:
     return [[str(r.n), _f(r.msgs_per_s, 0), _f(r.master_cpu_pct, 0), _f(r.master_rss_mib, 0),
-             _f(r.nats_cpu_pct, 0), _f(r.nats_rss_mib, 0), _f(r.harness_cpu_pct, 0)]
+             _f(r.nats_cpu_pct, 0), _f(r.nats_rss_mib, 0), _f(r.nats_in_per_s, 0),
+             _f(r.nats_out_per_s, 0), _f(r.harness_cpu_pct, 0)]
             for r in results]
 
 

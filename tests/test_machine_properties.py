@@ -8,12 +8,14 @@ deep phases (Troubleshooting after a replacement, T9, T11) instead of bouncing o
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Iterable
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aegis_flow.master import model
 from aegis_flow.master.machine import (
     LIVE_PHASES,
     TERMINAL_PHASES,
@@ -105,8 +107,9 @@ class EventMaker:
                        node=f"node-{rank}-{self.generation[rank]}")
         if kind == "finish-ok":
             return Finish(rank, seq, True)
-        if kind == "finish-not-ok":
-            return Finish(rank, seq, False, fault=FAULTS[aux % len(FAULTS)])
+        if kind == "finish-not-ok":  # one in five a failed check of shared storage (T3j)
+            shared = "io /shared 28" if aux % len(FAULTS) == 4 else ""
+            return Finish(rank, seq, False, fault=FAULTS[aux % len(FAULTS)], shared=shared)
         if kind == "error":
             return Error(rank, seq)
         if kind == "lost":
@@ -138,6 +141,10 @@ def check_invariants(status: Status) -> None:
     assert all(p.retries <= limit for p in status.workers)  # RetriesBound
     assert all(p.seq <= status.seq for p in status.workers)  # WorkerSeqNumBound
     assert all(p.retries >= 0 for p in status.workers)
+    # the counts the core carries with the workers are what counting gives
+    assert model.counts(status.workers) == (
+        sum(p.incarnation is not None for p in status.workers),
+        sum(p.finished for p in status.workers), sum(bool(p.shared) for p in status.workers))
     if status.phase in LIVE_PHASES:
         assert status.recover_count == max(status.retries)
         assert status.recover_count <= status.max_retry
@@ -257,3 +264,25 @@ def test_random_walks_reach_every_phase() -> None:
         draws = [rng.randrange(len(KINDS) * RANKS * SEQS * AUX) for _ in range(MAX_EVENTS)]
         seen.update(run_sequence(status, draws))
     assert seen == set(Phase)
+
+
+def test_the_carried_counts_are_checked() -> None:
+    """The check above catches counts that drifted from the pods (a planted wrong count), and
+    a walk of shared-storage failures really reaches T3j's held and released states."""
+    status = _start(3, 1, 1)
+    for rank in range(3):
+        status, _ = step(status, Ack(rank, f"pod-{rank}-g0"))
+    status, _ = step(status, Finish(0, status.seq, False, shared="io /shared 28"))
+    assert model.counts(status.workers) == (3, 0, 1)
+    check_invariants(status)
+    planted = model.Workers(status.workers)
+    planted.counts = (3, 1, 1)
+    try:
+        check_invariants(dataclasses.replace(status, workers=planted))
+    except AssertionError:
+        pass
+    else:
+        raise AssertionError("a wrong carried count went unnoticed")
+    status, _ = step(status, Finish(1, status.seq, True))  # a rank passed: a node's fault
+    check_invariants(status)
+    assert model.counts(status.workers)[2] == 0

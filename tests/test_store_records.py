@@ -228,8 +228,8 @@ def test_the_monitor_checks_the_quiet_transitions_before_the_next_save(
     whose FINISH moves the rank past the job's order (WorkerSeqNumBound)."""
     real = m._on_finish
 
-    def planted(status: m.Status, ev: m.Finish) -> m.Result:
-        new, effects = real(status, ev)
+    def planted(status: m.Status, ev: m.Finish, pod: m.PodInfo) -> m.Result:
+        new, effects = real(status, ev, pod)
         if ev.rank == 1 and new.phase is status.phase:
             pod = new.workers[1]
             new = m.evolve(new, workers=tuple(

@@ -65,8 +65,10 @@ from aegis_flow.master.model import (
     Slow,
     Status,
     Stop,
+    counts,
     evolve,
     initial_status,
+    with_pod,
 )
 from aegis_flow.vocab import CauseClass, passes
 
@@ -113,9 +115,7 @@ def retries_text(status: Status) -> str:
 def _set(status: Status, pod: PodInfo) -> Status:
     if status.workers[pod.rank] is pod:  # unchanged (a bare heartbeat): the same status, so
         return status                    # step compares nothing, O(1) instead of O(N)
-    workers = list(status.workers)
-    workers[pod.rank] = pod
-    return evolve(status, workers=tuple(workers))
+    return evolve(status, workers=with_pod(status.workers, pod))
 
 
 def _broadcast(
@@ -381,9 +381,10 @@ def _dispatch(status: Status, event: Event, now: float) -> Result:
         return _ignore(status, Ignored.DUPLICATE, f"duplicate {_name(event)} seq {event.seq}")
     if pod.restarting:
         return _ignore(status, Ignored.LATE, f"{_name(event)} from restarting rank {pod.rank}")
-    status = _set(status, evolve(pod, seq=event.seq, updated=now))
-    if isinstance(event, Finish):
-        return _on_finish(status, event)
+    pod = evolve(pod, seq=event.seq, updated=now)
+    if isinstance(event, Finish):  # stored with what the Finish changes: one copy of the workers
+        return _on_finish(status, event, pod)
+    status = _set(status, pod)
     if isinstance(event, Error):
         return _on_error(status, event)
     return _on_hang(status, event)
@@ -429,7 +430,7 @@ def _on_ack(status: Status, ev: Ack, now: float) -> Result:
         if pod.incarnation != ev.incarnation:
             pod = evolve(pod, incarnation=ev.incarnation)
         status = _set(status, pod)
-        if all(p.incarnation is not None for p in status.workers):
+        if counts(status.workers)[0] == len(status.workers):
             return _broadcast(status, Phase.BOOTCHECKING, "T1", "T1: every worker acked")
         acked = Log(f"rank {ev.rank} acked", level="debug")
         return status, ([acked] if first or new_incarnation else [])
@@ -530,9 +531,10 @@ def _on_lost(status: Status, ev: Lost) -> Result:
     return _replace_worker(status, ev.rank, "lost", "T7")
 
 
-def _on_finish(status: Status, ev: Finish) -> Result:
+def _on_finish(status: Status, ev: Finish, pod: PodInfo) -> Result:
+    """``pod``: the reporting rank's pod with the report's seq and time, not yet in ``status``."""
     phase = status.phase
-    pod = evolve(status.workers[ev.rank], finish_seq=ev.seq, shared="")
+    pod = evolve(pod, finish_seq=ev.seq, shared="")
     if phase not in (Phase.BOOTCHECKING, Phase.TROUBLESHOOTING, Phase.RUNCOMMAND):
         return _ignore(status, Ignored.LATE, f"Finish(rank {ev.rank}) in {phase.value}")
     if pod.finished:
@@ -563,7 +565,7 @@ def _on_finish(status: Status, ev: Finish) -> Result:
     held = _held(status)
     if held:  # a rank passed: the storage failure is not every rank's, it is a node's
         return _release(status, held[0])
-    if not all(p.finished for p in status.workers):
+    if counts(status.workers)[1] < len(status.workers):
         return status, [Log(f"rank {ev.rank} finished {phase.value}", level="debug")]
     if phase is Phase.RUNCOMMAND:  # T4
         seq = status.seq + 1
@@ -600,6 +602,8 @@ def _on_finish(status: Status, ev: Finish) -> Result:
 
 def _held(status: Status) -> list[int]:
     """The ranks whose failed storage check of this round waits for the others' (T3j)."""
+    if not counts(status.workers)[2]:  # none holds one: no walk (asked on every Finish)
+        return []
     return [p.rank for p in status.workers if p.shared and p.finish_seq == status.seq]
 
 
@@ -610,7 +614,7 @@ def _hold_shared(status: Status, ev: Finish) -> Result:
     node is quarantined; if any rank passed, or failed otherwise, it is a node fault (T3/T10)."""
     pod = evolve(status.workers[ev.rank], shared=ev.shared, last_reason=ev.detail)
     status = _set(status, pod)
-    if any(p.finished for p in status.workers):
+    if counts(status.workers)[1]:  # a rank passed
         return _release(status, ev.rank)
     held = _held(status)
     if len(held) < len(status.workers):
@@ -654,7 +658,8 @@ def _on_error(status: Status, ev: Error) -> Result:
 
 def _has_live_peer(status: Status, rank: int) -> bool:
     """A symptom needs a peer that could have caused it: another rank still running."""
-    return any(p.rank != rank and not p.finished for p in status.workers)
+    running = len(status.workers) - counts(status.workers)[1]
+    return running - (not status.workers[rank].finished) > 0
 
 
 def _suspect(status: Status, rank: int, cause: str, row: str) -> Result:

@@ -108,6 +108,57 @@ class PodInfo:
     shared: str = ""  # its failed check of this round hit storage the ranks may share (T3j)
 
 
+_ACKED = operator.attrgetter("incarnation")
+_FINISHED = operator.attrgetter("finished")
+_SHARED = operator.attrgetter("shared")
+
+
+class Workers(tuple[PodInfo, ...]):
+    """A status's workers: a tuple in every respect (equality, hash, encoding), that also
+    carries ``counts`` — (acked, finished, shared): how many pods have acked, have finished
+    this round, hold a shared-storage failure. The core asks these on every Ack and Finish;
+    counting 4,096 pods per report made a round's fan-in O(N²) (1.3 s of core time at 4,096
+    ranks). ``with_pod`` derives the counts of the new tuple from the old in O(1), so they are
+    always what counting would give (``counts`` counts any other tuple)."""
+
+    counts: tuple[int, int, int]
+    origin: tuple[int, int]  # (id of the tuple it was made from, the rank replaced): touched()
+
+
+def touched(before: tuple[PodInfo, ...], after: tuple[PodInfo, ...]) -> list[int]:
+    """``replaced(before, after)``, in O(1) when ``after`` is ``before`` with one pod put in by
+    ``with_pod`` (a report: the common case). ``before`` must have existed when ``after`` was
+    made (the status a step started from), so that no other tuple can have had its id."""
+    origin: tuple[int, int] | None = getattr(after, "origin", None)
+    if origin is not None and origin[0] == id(before) and len(before) == len(after):
+        rank = origin[1]
+        return [rank] if before[rank] is not after[rank] else []
+    return replaced(before, after)
+
+
+def counts(workers: tuple[PodInfo, ...]) -> tuple[int, int, int]:
+    """(acked, finished, shared) of ``workers``: carried by a ``Workers``, else counted (in C)."""
+    carried: tuple[int, int, int] | None = getattr(workers, "counts", None)
+    if carried is not None:
+        return carried
+    return (len(workers) - list(map(_ACKED, workers)).count(None),
+            sum(map(_FINISHED, workers)), sum(map(bool, map(_SHARED, workers))))
+
+
+def with_pod(workers: tuple[PodInfo, ...], pod: PodInfo) -> Workers:
+    """``workers`` with ``pod`` in its rank's place, and the counts carried along."""
+    old = workers[pod.rank]
+    acked, finished, shared = counts(workers)
+    items = list(workers)
+    items[pod.rank] = pod
+    new = Workers(items)
+    new.counts = (acked + (pod.incarnation is not None) - (old.incarnation is not None),
+                  finished + pod.finished - old.finished,
+                  shared + bool(pod.shared) - bool(old.shared))
+    new.origin = (id(workers), pod.rank)
+    return new
+
+
 @dataclass(frozen=True, slots=True)
 class Status:
     """The master's whole state; persisted after every transition."""

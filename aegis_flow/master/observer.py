@@ -135,6 +135,10 @@ class WorkerView:
     doing_for: float = 0.0
     mark: tuple[int, str] = (-1, "")  # (seq, frame): where it was when the job was marked hung
     resources: dict[str, Any] | None = None  # the last heartbeat's resource sample
+    beat_lag: float | None = None  # how late the supervisor says its last beat was
+    delay: float = 0.0  # sent → handled of the last beat
+    flushed: float = 0.0  # the last_beat whose numbers the gauges hold (flush_beats)
+    up: bool = False  # what aegis_worker_up says of it
 
 
 class Observer:
@@ -153,6 +157,7 @@ class Observer:
         self.recovery: tuple[float, str, str] | None = None  # (since, cause, level)
         self._gpu_frozen = ""
         self._gpu_seen: str | None = None  # the most common gpu type (None: count again)
+        self._gpu_counts: Counter[str] = Counter()  # ranks per reported gpu type, kept current
         self._msg: p.Message | None = None
         self._msg_event: m.Event | None = None
         self._beat_gauges: dict[int, tuple[Any, ...]] = {}
@@ -166,9 +171,10 @@ class Observer:
             return self.configured_gpu
         if self._gpu_frozen:
             return self._gpu_frozen
-        if self._gpu_seen is None:  # counted again only when a rank's type changed, not on
-            seen = Counter(v.gpu_type for v in self.views if v.gpu_type)  # every report:
-            self._gpu_seen = seen.most_common(1)[0][0] if seen else "unknown"  # O(N) each
+        if self._gpu_seen is None:  # looked up again only when a rank's type changed, in
+            seen = self._gpu_counts     # the counts kept per type (O(types), not O(N): every
+            #                             rank's first report changes its type)
+            self._gpu_seen = seen.most_common(1)[0][0] if seen else "unknown"
         return self._gpu_seen
 
     def _line(self, kind: str, now: float, phase: str, message: str, *, rank: int | None = None,
@@ -225,6 +231,12 @@ class Observer:
         v.node_ip = str(d.get("node_ip") or v.node_ip or v.pod_ip)
         gpu = str(d.get("gpu_type") or v.gpu_type)[:60]
         if gpu != v.gpu_type:
+            if v.gpu_type:
+                self._gpu_counts[v.gpu_type] -= 1
+                if not self._gpu_counts[v.gpu_type]:
+                    del self._gpu_counts[v.gpu_type]
+            if gpu:
+                self._gpu_counts[gpu] += 1
             v.gpu_type, self._gpu_seen = gpu, None
         v.last_beat = now
         rate, step = _num(d.get("step_rate")), _num(d.get("step"))
@@ -247,24 +259,50 @@ class Observer:
             self._line("report", now, phase, "the job is marked hung; this rank is in "
                        f"{frame or 'a frame py-spy could not read'}", rank=msg.rank,
                        cause="hang_mark")
-        if self.metrics is None:
-            return
-        g = self._beat_gauges.get(msg.rank)
+        lag = _num(d.get("beat_lag"))
+        v.beat_lag = lag if lag is not None else v.beat_lag  # (the gauge keeps the last one)
+        v.delay = max(0.0, now - msg.timestamp)
+        if self.metrics is not None and not v.up:
+            v.up = True
+            self._gauges_of(msg.rank)[5].set(1)
+
+    def _gauges_of(self, rank: int) -> tuple[Any, ...]:
+        g = self._beat_gauges.get(rank)
         if g is None:
-            mt, labels = self.metrics, (self.job, self.namespace, str(msg.rank))
-            g = self._beat_gauges[msg.rank] = (
+            assert self.metrics is not None
+            mt, labels = self.metrics, (self.job, self.namespace, str(rank))
+            g = self._beat_gauges[rank] = (
                 mt.child_restarts.labels(*labels), mt.heartbeat_lag.labels(*labels),
                 mt.heartbeat_delay.labels(*labels), mt.step_rate.labels(*labels),
                 mt.step.labels(*labels), mt.up.labels(*labels))
-        g[0].set(v.child_restarts)
-        lag = _num(d.get("beat_lag"))
-        if lag is not None:
-            g[1].set(lag)
-        g[2].set(max(0.0, now - msg.timestamp))
-        g[3].set(rate or 0.0)
-        if step is not None:
-            g[4].set(step)
-        g[5].set(1)
+        return g
+
+    def flush_beats(self) -> None:
+        """Put the numbers of each rank's last heartbeat into its gauges. Done when the
+        metrics are read (a scrape, the final snapshot), not on every heartbeat: at 4,096
+        ranks six gauge writes per heartbeat were a fifth of the master's steady-state time.
+        (Runs on the HTTP thread too: it reads each view's values, it decides nothing.)"""
+        if self.metrics is None:
+            return
+        for rank, v in enumerate(self.views):
+            beat = v.last_beat
+            if beat <= v.flushed:
+                continue
+            v.flushed = beat
+            g = self._gauges_of(rank)
+            g[0].set(v.child_restarts)
+            if v.beat_lag is not None:
+                g[1].set(v.beat_lag)
+            g[2].set(v.delay)
+            g[3].set(v.step_rate or 0.0)
+            if v.step is not None:
+                g[4].set(v.step)
+
+    def _down(self, rank: int) -> None:
+        """aegis_worker_up of ``rank`` is 0 (lost, or the job ended) until it beats again."""
+        assert self.metrics is not None
+        self.views[rank].up = False
+        self._gauges_of(rank)[5].set(0)
 
     def _resource_gauges(self, rank: int, res: dict[str, Any]) -> None:
         """The heartbeat's resource sample as gauges (malformed values are skipped)."""
@@ -355,7 +393,7 @@ class Observer:
                            cause=e.reason, level="L3")
         if after is before:
             return
-        touched = m.replaced(before.workers, after.workers)  # O(changed) below, not O(N)
+        touched = m.touched(before.workers, after.workers)  # O(changed) below, not O(N)
         for b, a in ((before.workers[r], after.workers[r]) for r in touched):
             old, new = shown_phase(b), shown_phase(a)
             if old is not new:
@@ -376,6 +414,7 @@ class Observer:
             self._line("phase_end", now, phase, f"job {phase} ended: the master was stopped")
         self._line("summary", now, phase, summary)
         self._flush()
+        self.flush_beats()  # the last heartbeats' numbers are in the final metrics
         if self.faults is not None:
             if self.metrics is not None:
                 tmp = self.faults.directory / "metrics.prom.tmp"
@@ -384,6 +423,7 @@ class Observer:
             self.faults.close()
 
     def render(self) -> bytes:
+        self.flush_beats()
         return self.metrics.render() if self.metrics is not None else b""
 
     def progress(self) -> dict[str, Any]:
@@ -440,7 +480,7 @@ class Observer:
                 cause = failure_cause(event, data)
                 text, detect = self._detection(event, data, now)
                 if isinstance(event, m.Lost) and mt is not None:
-                    mt.up.labels(self.job, self.namespace, str(rank)).set(0)
+                    self._down(rank)
                 if detect is not None and mt is not None:
                     kind = {"Error": "error", "Lost": "lost"}.get(type(event).__name__, "hang")
                     mt.time_to_detect.labels(kind, gpu, self.worker_num).observe(detect)
@@ -539,7 +579,7 @@ class Observer:
                 mt.slow.labels(*job, str(pod.rank)).set(int(pod.slow))
         if after.phase.terminal:
             for rank in range(self.n):
-                mt.up.labels(*job, str(rank)).set(0)
+                self._down(rank)
 
 
 def make_observer(*, job: str, namespace: str, workers: int, gpu_type: str = "",

@@ -17,13 +17,15 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from itertools import compress
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from aegis_flow import protocol as p
 from aegis_flow.master import machine as m
 from aegis_flow.master import policy
 from aegis_flow.master.anomaly import Anomalies
-from aegis_flow.master.model import RDZV_RANK0, RDZV_SPAN, evolve, replaced
+from aegis_flow.master.model import RDZV_RANK0, RDZV_SPAN, counts, evolve, replaced
 from aegis_flow.master.placement import Placement, trusted_node
 from aegis_flow.master.slowness import SlowDetector
 from aegis_flow.master.store import (
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from aegis_flow.master.observer import Observer
 
 log = logging.getLogger("aegis_flow.master")
+_SLOW = attrgetter("slow")  # a pod marked slow (T13s)
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,7 @@ class Master:
         self.nc: Any = None
         self.last_seen: dict[int, float] = {}
         self._last_tick: float | None = None
+        self._senders: dict[str, int] = {}  # report subject → the rank it names (parsed once)
         self._loss_grace_until = 0.0
         self._next_loss_check = 0.0  # silent workers are judged once per lost timeout
         self._first_finish: tuple[int, float] | None = None  # (seq, when) of the first Finish
@@ -628,8 +632,11 @@ class Master:
         """One message from NATS. ``subject``: where it came; a report must claim the rank its
         subject names (only that rank may publish there). None: an in-process call."""
         try:
-            sender = (None if subject is None or subject == self.subjects.control
-                      else self.subjects.sender_rank(subject))
+            sender = self._senders.get(subject) if subject is not None else None
+            if sender is None and subject is not None and subject != self.subjects.control:
+                sender = self.subjects.sender_rank(subject)
+                if len(self._senders) <= self.cfg.workers:  # the valid ones: one per rank
+                    self._senders[subject] = sender
             msg = p.decode(raw, job=self.cfg.job, namespace=self.cfg.namespace)
             p.check_sender(msg, sender)
             event = p.to_event(msg)
@@ -819,7 +826,7 @@ class Master:
         process stuck at exit, a rank looping on its own) is reported to the core as hung
         (HangWithQuit, not waiting: its peers are done), which charges it and restarts the
         job from its checkpoint (T14). True when it did."""
-        if st.phase is not m.Phase.RUNCOMMAND or not any(p.finished for p in st.workers):
+        if st.phase is not m.Phase.RUNCOMMAND or not counts(st.workers)[1]:  # none finished
             self._first_finish = None
             return False
         if self._first_finish is None or self._first_finish[0] != st.seq:
@@ -843,9 +850,8 @@ class Master:
         for rank in list(self.slow.flagged):  # replaced, or its mark was refused: afresh
             if not st.workers[rank].slow:
                 self.slow = self.slow.forget(rank)
-        for pod in st.workers:
-            if not pod.slow:
-                self._slow_since.pop(pod.rank, None)
+        for rank in [r for r in self._slow_since if not st.workers[r].slow]:  # not O(N) a tick
+            del self._slow_since[rank]
         if st.phase is not m.Phase.RUNCOMMAND:
             return
         samples = {r: ms for r, (seq, ms) in self.forward_ms.items()
@@ -854,9 +860,8 @@ class Master:
         for rank, detail in found:
             self.stats["slow_marked"] += 1
             await self.apply(m.Slow(rank, detail))
-        for pod in self.status.workers:
-            if not pod.slow:
-                continue
+        workers = self.status.workers
+        for pod in map(workers.__getitem__, compress(range(len(workers)), map(_SLOW, workers))):
             since = self._slow_since.setdefault(pod.rank, now)
             if now - since > self.cfg.slow_evict_within and since >= 0:
                 self._slow_since[pod.rank] = -1.0  # said once

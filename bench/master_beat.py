@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""What one report costs the master, in-process: no NATS, no other process, CPU time only.
+
+The scale harness (``scale.py``) measures the whole control plane, on a machine it shares with
+nats-server and thousands of simulated workers; its CPU percentages move with the machine's
+load by a factor of two from run to run here. This measures only the master's own Python work
+per report, as CPU time of this process (``time.process_time``), which the neighbours change
+much less: a real ``Master`` (``master/runtime.py``) with its observer and metrics, an
+in-memory store and a NATS stand-in that drops what is published, fed the bytes a supervisor
+sends on the subjects it sends them on (``Master.on_message``):
+
+* **ack fan-in**: every rank's first heartbeat (Pending → Bootchecking);
+* **FINISH fan-in**: every rank's FINISH ok of the bootcheck (→ RunCommand), with the saves
+  the master makes (the quiet ones deferred, as in the real loop);
+* **heartbeat**: every rank's heartbeat in RunCommand, ``--rounds`` times (median per round).
+
+``--compare DIR`` runs the same in another checkout of aegis-flow (a ``git worktree`` of an
+older commit) in a child process, alternating with this one, and prints both side by side.
+
+Side effects: none beyond the child processes of ``--compare`` (waited for); prints a table,
+``--out`` writes it as markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import tables  # bench/tables.py (this script's folder is on sys.path)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _beat(p: Any, rank: int, seq: int) -> bytes:
+    """The supervisor's heartbeat fields (as ``scale.py`` sends them, training running)."""
+    return p.Message(
+        job="j", namespace="default", pod_name=f"j-worker-{rank}", type=p.MsgType.ACK,
+        rank=rank, seq=seq, incarnation=f"i{rank}", phase="RunCommand", data={
+            "node": f"node-{rank}", "pod_ip": f"10.0.{rank // 250}.{rank % 250 + 1}",
+            "child_pid": 1000 + rank, "node_ip": f"10.1.{rank // 250}.{rank % 250 + 1}",
+            "gpu_type": "sim", "child_restarts": 0, "beat_lag": 0.0, "step_rate": 3.2,
+            "step": 100, "doing": "", "progress": None, "doing_for": 1.5},
+        timestamp=time.time()).encode()
+
+
+async def measure(n: int, rounds: int) -> dict[str, float]:
+    """The three costs at ``n`` ranks, in µs of CPU per report (this process)."""
+    from aegis_flow import protocol as p
+    from aegis_flow.master import machine as m
+    from aegis_flow.master.runtime import Master, MasterConfig
+    from aegis_flow.master.store import MemoryStore
+
+    class DropNats:  # the master publishes orders; nobody listens here
+        is_connected = True
+
+        async def publish(self, subject: str, data: bytes) -> None:
+            pass
+
+        async def flush(self, timeout: float | None = None) -> None:
+            pass
+
+    master = Master(MasterConfig(job="j", workers=n, max_retry=2), store=MemoryStore())
+    master.nc = DropNats()  # type: ignore[assignment]
+    await master._load()
+    assert master.observer is not None
+    master.observer.loaded(master.status, resumed=False, now=time.time())
+    subjects = p.Subjects("default", "j")
+    out: dict[str, float] = {}
+
+    acks = [(_beat(p, r, 0), subjects.master(r)) for r in range(n)]
+    t = time.process_time()
+    for raw, subject in acks:
+        await master.on_message(raw, subject)
+    out["ack"] = (time.process_time() - t) / n * 1e6
+    assert master.status.phase is m.Phase.BOOTCHECKING, master.status.phase
+
+    seq = master.status.seq
+    finishes = [(p.Message(job="j", namespace="default", pod_name=f"j-worker-{r}",
+                           type=p.MsgType.FINISH, rank=r, seq=seq, incarnation=f"i{r}",
+                           phase="Bootchecking", data={"ok": True},
+                           timestamp=time.time()).encode(), subjects.master(r))
+                 for r in range(n)]
+    t = time.process_time()
+    for i, (raw, subject) in enumerate(finishes):
+        await master.on_message(raw, subject)
+        if i % 64 == 63:
+            await master.tick()  # the loop's tick: the deferred saves
+    out["finish"] = (time.process_time() - t) / n * 1e6
+    assert master.status.phase is m.Phase.RUNCOMMAND, master.status.phase
+
+    seq = master.status.seq
+    beats = [(_beat(p, r, seq), subjects.master(r)) for r in range(n)]
+    per_round = []
+    for _ in range(rounds):
+        t = time.process_time()
+        for raw, subject in beats:
+            await master.on_message(raw, subject)
+        per_round.append((time.process_time() - t) / n * 1e6)
+    out["beat"] = statistics.median(per_round)
+    return out
+
+
+def child(n: int, rounds: int) -> None:
+    print(json.dumps(asyncio.run(measure(n, rounds))))
+
+
+def run_in(tree: Path, n: int, rounds: int) -> dict[str, float]:
+    """One measurement in a fresh interpreter importing aegis_flow from ``tree``."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.run([sys.executable, __file__, "--child", str(n), "--rounds", str(rounds)],
+                          env=env, capture_output=True, text=True, timeout=900, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"the measurement in {tree} failed:\n{proc.stderr[-2000:]}")
+    result: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", default="1024,4096", help="comma-separated ranks (1024,4096)")
+    ap.add_argument("--rounds", type=int, default=5, help="heartbeat rounds (5)")
+    ap.add_argument("--trials", type=int, default=3, help="fresh processes per tree (3)")
+    ap.add_argument("--compare", type=Path, help="another checkout, measured alternately")
+    ap.add_argument("--out", type=Path, help="write the table here (markdown)")
+    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        child(a.child, a.rounds)
+        return
+    trees = [("this", ROOT)] + ([("compare", a.compare.resolve())] if a.compare else [])
+    header = ["N", "tree", "ack µs", "FINISH µs", "heartbeat µs", "heartbeat CPU at N/s"]
+    rows = []
+    for n in (int(x) for x in a.workers.split(",")):
+        got: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
+        for trial in range(a.trials):
+            for name, tree in trees:
+                got[name].append(run_in(tree, n, a.rounds))
+                print(f"N={n} {name} trial {trial + 1}: {got[name][-1]}", file=sys.stderr)
+        for name, _ in trees:
+            med = {k: statistics.median(r[k] for r in got[name]) for k in ("ack", "finish",
+                                                                            "beat")}
+            rows.append([str(n), name, f"{med['ack']:.1f}", f"{med['finish']:.1f}",
+                         f"{med['beat']:.1f}", f"{med['beat'] * n / 1e4:.0f} %"])
+    print(tables.render(header, rows, markdown=False))
+    if a.out:
+        when = datetime.date.today().isoformat()
+        a.out.write_text(f"`{' '.join(sys.argv)}` — {when}, this machine"
+                         f" ({os.cpu_count()} cores)\n\n"
+                         + tables.render(header, rows, markdown=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
