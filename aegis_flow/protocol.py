@@ -131,10 +131,14 @@ class Message:
         }, separators=(",", ":")).encode()
 
 
-_FIELDS: tuple[tuple[str, type | tuple[type, ...]], ...] = (
-    ("AegisName", str), ("AegisNamespace", str), ("podName", str), ("rank", int), ("seq", int),
-    ("incarnation", str), ("phase", str), ("data", dict), ("timeStamp", (int, float)),
-)  # every message's fields and their types
+_FIELDS: tuple[tuple[str, tuple[type, ...]], ...] = (
+    ("AegisName", (str,)), ("AegisNamespace", (str,)), ("podName", (str,)), ("rank", (int,)),
+    ("seq", (int,)), ("incarnation", (str,)), ("phase", (str,)), ("data", (dict,)),
+    ("timeStamp", (int, float)),
+)  # every message's fields and their JSON types: exact (json gives exactly these; a bool,
+#    which is an int to isinstance, is not one here)
+_JSON = json.JSONDecoder()
+_MSG_TYPES = {t.value: t for t in MsgType}
 
 
 def decode(raw: bytes, *, job: str | None = None, namespace: str | None = None) -> Message:
@@ -142,7 +146,7 @@ def decode(raw: bytes, *, job: str | None = None, namespace: str | None = None) 
     if len(raw) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"message of {len(raw)} bytes exceeds {MAX_MESSAGE_BYTES}")
     try:
-        obj = json.loads(raw)
+        obj = _JSON.decode(raw.decode() if isinstance(raw, bytes | bytearray) else raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"not JSON: {exc}") from None
     if not isinstance(obj, dict):
@@ -150,13 +154,12 @@ def decode(raw: bytes, *, job: str | None = None, namespace: str | None = None) 
     version = obj.get("version")
     if version != VERSION:
         raise ProtocolError(f"unsupported protocol version {version!r} (expected {VERSION})")
-    try:
-        msg_type = MsgType(obj.get("type"))
-    except ValueError:
-        raise ProtocolError(f"unknown message type {obj.get('type')!r}") from None
-    for key, typ in _FIELDS:
-        value = obj.get(key)
-        if value is None or isinstance(value, bool) or not isinstance(value, typ):
+    kind = obj.get("type")
+    msg_type = _MSG_TYPES.get(kind) if isinstance(kind, str) else None
+    if msg_type is None:
+        raise ProtocolError(f"unknown message type {kind!r}")
+    for key, types in _FIELDS:
+        if type(obj.get(key)) not in types:
             raise ProtocolError(f"field {key!r} missing or of the wrong type")
     if (job is not None and obj["AegisName"] != job) or (
             namespace is not None and obj["AegisNamespace"] != namespace):

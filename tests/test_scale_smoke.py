@@ -37,6 +37,8 @@ def test_scale_harness_at_256_workers(tmp_path: Path) -> None:
     assert 256 < r["msgs_per_s"] < 2000
     assert r["master_cpu_pct"] > 0 and r["master_rss_mib"] > 0
     assert r["nats_rss_mib"] > 0 and r["nats_cpu_pct"] >= 0
+    # the server's own counts (/varz): at least the heartbeats went in, and out to the master
+    assert r["nats_in_per_s"] >= 0.8 * r["msgs_per_s"] and r["nats_out_per_s"] > 256
     assert r["unexpected_orders"] == []
     # 3. the fault: every worker held the troubleshoot order, then the restart
     assert r["next_order"] == "troubleshoot"

@@ -139,6 +139,7 @@ class WorkerView:
     delay: float = 0.0  # sent → handled of the last beat
     flushed: float = 0.0  # the last_beat whose numbers the gauges hold (flush_beats)
     up: bool = False  # what aegis_worker_up says of it
+    where: tuple[Any, ...] = ()  # the last heartbeat's pod, addresses and gpu type, as sent
 
 
 class Observer:
@@ -225,19 +226,11 @@ class Observer:
         if not isinstance(event, m.Ack) or not 0 <= msg.rank < self.n:
             return
         v, d = self.views[msg.rank], msg.data
-        v.pod = msg.pod_name or v.pod
-        v.pod_ip = str(d.get("pod_ip") or v.pod_ip)
-        v.node = str(d.get("node") or v.node)
-        v.node_ip = str(d.get("node_ip") or v.node_ip or v.pod_ip)
-        gpu = str(d.get("gpu_type") or v.gpu_type)[:60]
-        if gpu != v.gpu_type:
-            if v.gpu_type:
-                self._gpu_counts[v.gpu_type] -= 1
-                if not self._gpu_counts[v.gpu_type]:
-                    del self._gpu_counts[v.gpu_type]
-            if gpu:
-                self._gpu_counts[gpu] += 1
-            v.gpu_type, self._gpu_seen = gpu, None
+        where = (msg.pod_name, d.get("pod_ip"), d.get("node"), d.get("node_ip"),
+                 d.get("gpu_type"))
+        if where != v.where:  # (the same as last beat, nearly always: nothing to convert)
+            v.where = where
+            self._where(v, msg, d)
         v.last_beat = now
         rate, step = _num(d.get("step_rate")), _num(d.get("step"))
         v.step_rate = rate
@@ -265,6 +258,22 @@ class Observer:
         if self.metrics is not None and not v.up:
             v.up = True
             self._gauges_of(msg.rank)[5].set(1)
+
+    def _where(self, v: WorkerView, msg: p.Message, d: dict[str, Any]) -> None:
+        """The pod, addresses and gpu type a rank's heartbeat names, when they changed."""
+        v.pod = msg.pod_name or v.pod
+        v.pod_ip = str(d.get("pod_ip") or v.pod_ip)
+        v.node = str(d.get("node") or v.node)
+        v.node_ip = str(d.get("node_ip") or v.node_ip or v.pod_ip)
+        gpu = str(d.get("gpu_type") or v.gpu_type)[:60]
+        if gpu != v.gpu_type:
+            if v.gpu_type:
+                self._gpu_counts[v.gpu_type] -= 1
+                if not self._gpu_counts[v.gpu_type]:
+                    del self._gpu_counts[v.gpu_type]
+            if gpu:
+                self._gpu_counts[gpu] += 1
+            v.gpu_type, self._gpu_seen = gpu, None
 
     def _gauges_of(self, rank: int) -> tuple[Any, ...]:
         g = self._beat_gauges.get(rank)
