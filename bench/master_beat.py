@@ -125,9 +125,21 @@ def run_in(tree: Path, n: int, rounds: int) -> dict[str, float]:
     return result
 
 
+def rank_counts(text: str) -> list[int]:
+    """``--workers``: comma-separated positive rank counts (argparse says what is wrong)."""
+    try:
+        ns = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
+    if not ns or min(ns) < 1:
+        raise argparse.ArgumentTypeError(f"every count must be 1 or more: {text!r}")
+    return ns
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workers", default="1024,4096", help="comma-separated ranks (1024,4096)")
+    ap.add_argument("--workers", type=rank_counts, default=[1024, 4096],
+                    help="comma-separated ranks (1024,4096)")
     ap.add_argument("--rounds", type=int, default=5, help="heartbeat rounds (5)")
     ap.add_argument("--trials", type=int, default=3, help="fresh processes per tree (3)")
     ap.add_argument("--compare", type=Path, help="another checkout, measured alternately")
@@ -140,7 +152,9 @@ def main() -> None:
     trees = [("this", ROOT)] + ([("compare", a.compare.resolve())] if a.compare else [])
     header = ["N", "tree", "ack µs", "FINISH µs", "heartbeat µs", "heartbeat CPU at N/s"]
     rows = []
-    for n in (int(x) for x in a.workers.split(",")):
+    if a.compare and not (a.compare / "aegis_flow").is_dir():
+        ap.error(f"--compare {a.compare}: not a checkout of aegis-flow (no aegis_flow/ in it)")
+    for n in a.workers:
         got: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
         for trial in range(a.trials):
             for name, tree in trees:
