@@ -175,6 +175,94 @@ def decode(raw: bytes, *, job: str | None = None, namespace: str | None = None) 
     )
 
 
+# -- keep-alives ---------------------------------------------------------------------------
+#
+# A heartbeat that says nothing new (the same seq, phase, pod, addresses, child, activity as the
+# worker's last full heartbeat) goes out as one short line of numbers instead of a JSON
+# message: ``K1 SEQ INCARNATION TIMESTAMP STEP STEP_RATE STEPS FORWARDS LAST_ACTIVE FORWARD_MS
+# BEAT_LAG DOING_FOR`` ("-" for a number the worker does not have). The master reads it with
+# one split and a few int/float calls, and, when it changes nothing (nearly always), without
+# the state machine (``machine.beat_changes_nothing``). A worker sends keep-alives only to a
+# master that asks for them (its orders carry ``keepalive``: the seconds between two full
+# heartbeats, which carry what a keep-alive leaves out: the resource sample, the node, ...).
+
+KEEPALIVE_PREFIX = b"K1 "
+_KEEPALIVE_FIELDS = 12
+MAX_INCARNATION = 64  # longer incarnations (or ones with whitespace) always send full beats
+
+
+@dataclass(frozen=True)
+class KeepAlive:
+    seq: int
+    incarnation: str
+    timestamp: float
+    step: int | None = None  # the script's own step (progress.step)
+    step_rate: float | None = None
+    steps: int | None = None  # the pre-warmed interpreter's counts (AutoProgress)
+    forwards: int | None = None
+    last_active: float | None = None
+    forward_ms: float | None = None
+    beat_lag: float | None = None
+    doing_for: float | None = None
+
+    def encode(self) -> bytes:
+        def num(value: float | None) -> str:
+            return "-" if value is None else repr(value) if isinstance(value, float) else \
+                str(value)
+        return ("K1 " + " ".join([str(self.seq), self.incarnation, num(self.timestamp),
+                                  *(num(v) for v in (self.step, self.step_rate, self.steps,
+                                                     self.forwards, self.last_active,
+                                                     self.forward_ms, self.beat_lag,
+                                                     self.doing_for))])).encode()
+
+
+def keepalive_safe(incarnation: str) -> bool:
+    """Whether an incarnation can travel in a keep-alive (one token, printable ASCII)."""
+    return (0 < len(incarnation) <= MAX_INCARNATION and incarnation.isascii()
+            and incarnation.isprintable() and " " not in incarnation)
+
+
+def _count(token: bytes) -> int | None:
+    if token == b"-":
+        return None
+    if not token.isdigit():
+        raise ValueError(token)
+    value = int(token)
+    if value > MAX_STEP:
+        raise ValueError(token)
+    return value
+
+
+def _real(token: bytes) -> float | None:
+    if token == b"-":
+        return None
+    value = float(token)
+    if not 0.0 <= value < 1e18:  # NaN, infinities, negative numbers
+        raise ValueError(token)
+    return value
+
+
+def decode_keepalive(raw: bytes) -> KeepAlive:
+    """Parse one keep-alive; raise ProtocolError saying what is wrong."""
+    if len(raw) > 512:
+        raise ProtocolError(f"keep-alive of {len(raw)} bytes")
+    parts = raw.split(b" ")
+    if len(parts) != _KEEPALIVE_FIELDS or parts[0] != b"K1":
+        raise ProtocolError(f"a keep-alive has {_KEEPALIVE_FIELDS} fields, got {len(parts)}")
+    try:
+        seq = _count(parts[1])
+        incarnation = parts[2].decode("ascii")
+        timestamp = _real(parts[3])
+        step, steps, forwards = _count(parts[4]), _count(parts[6]), _count(parts[7])
+        rate, active, ms, lag, doing_for = (_real(t) for t in parts[5:6] + parts[8:])
+    except (ValueError, UnicodeDecodeError):
+        raise ProtocolError("a keep-alive field is not a valid number or name") from None
+    if seq is None or timestamp is None or not keepalive_safe(incarnation):
+        raise ProtocolError("a keep-alive without its seq, incarnation or time")
+    return KeepAlive(seq, incarnation, timestamp, step, rate, steps, forwards, active, ms, lag,
+                     doing_for)
+
+
 def check_sender(msg: Message, sender: int | None) -> None:
     """A report must come on its own rank's subject (``sender``: the rank the subject names;
     None for the control subject). A worker can publish only to its own subject, so a payload

@@ -35,25 +35,30 @@ import time
 from pathlib import Path
 from typing import Any
 
-import tables  # bench/tables.py (this script's folder is on sys.path)
+import beats  # bench/beats.py (this script's folder is on sys.path)
+import tables  # bench/tables.py
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _beat(p: Any, rank: int, seq: int) -> bytes:
-    """The supervisor's heartbeat fields (as ``scale.py`` sends them, training running)."""
+def _beat(p: Any, rank: int, seq: int, beat: int = 1, *, payload: str = "full") -> bytes:
+    """The supervisor's heartbeat fields while training. ``full``: with the numbers a worker of
+    8 GPUs sends (``beats.numbers``: step, counts, a resource sample of 8 processes and 8
+    GPUs); ``bare``: without them (what this benchmark sent before 2026-12-04)."""
+    moving = beats.numbers(rank, beat) if payload == "full" else {
+        "beat_lag": 0.0, "step_rate": 3.2, "step": 100, "progress": None}
     return p.Message(
         job="j", namespace="default", pod_name=f"j-worker-{rank}", type=p.MsgType.ACK,
         rank=rank, seq=seq, incarnation=f"i{rank}", phase="RunCommand", data={
             "node": f"node-{rank}", "pod_ip": f"10.0.{rank // 250}.{rank % 250 + 1}",
             "child_pid": 1000 + rank, "node_ip": f"10.1.{rank // 250}.{rank % 250 + 1}",
-            "gpu_type": "sim", "child_restarts": 0, "beat_lag": 0.0, "step_rate": 3.2,
-            "step": 100, "doing": "", "progress": None, "doing_for": 1.5},
+            "gpu_type": "sim", "child_restarts": 0, "doing": "", "doing_for": 1.5, **moving},
         timestamp=time.time()).encode()
 
 
-async def measure(n: int, rounds: int) -> dict[str, float]:
-    """The three costs at ``n`` ranks, in µs of CPU per report (this process)."""
+async def measure(n: int, rounds: int, payload: str = "full") -> dict[str, float]:
+    """The costs at ``n`` ranks: µs of CPU per report, ms of CPU per second of ticks and per
+    /metrics render (this process)."""
     from aegis_flow import protocol as p
     from aegis_flow.master import machine as m
     from aegis_flow.master.runtime import Master, MasterConfig
@@ -99,25 +104,54 @@ async def measure(n: int, rounds: int) -> dict[str, float]:
     assert master.status.phase is m.Phase.RUNCOMMAND, master.status.phase
 
     seq = master.status.seq
-    beats = [(_beat(p, r, seq), subjects.master(r)) for r in range(n)]
     per_round = []
-    for _ in range(rounds):
+    for i in range(rounds):
+        feed = [(_beat(p, r, seq, i + 1, payload=payload), subjects.master(r))
+                for r in range(n)]
         t = time.process_time()
-        for raw, subject in beats:
+        for raw, subject in feed:
             await master.on_message(raw, subject)
         per_round.append((time.process_time() - t) / n * 1e6)
     out["beat"] = statistics.median(per_round)
+    out["keepalive"] = float("nan")  # a tree from before keep-alives has none
+    if hasattr(p, "KeepAlive"):
+        per_round = []
+        for i in range(rounds):
+            feed = [(p.KeepAlive(seq, f"i{r}", time.time(), step=100 + i, step_rate=2.0,
+                                 steps=100 + i, forwards=100 + i, last_active=time.time(),
+                                 forward_ms=180.0, beat_lag=0.001, doing_for=3.0).encode(),
+                     subjects.master(r)) for r in range(n)]
+            t = time.process_time()
+            for raw, subject in feed:
+                await master.on_message(raw, subject)
+            per_round.append((time.process_time() - t) / n * 1e6)
+        out["keepalive"] = statistics.median(per_round)
+    # a second of the loop's ticks (every 50 ms) with every rank's numbers in: the slow-rank
+    # and anomaly rules, the silence scan, the deferred saves
+    for key in ("tick", "tick_quiet"):  # every rank's sample new, then none new
+        master.last_seen = dict.fromkeys(range(n), time.monotonic())
+        t, wall = time.process_time(), time.monotonic()
+        while time.monotonic() - wall < 1.0:
+            await master.tick()
+            await asyncio.sleep(0.05)
+        out[key] = (time.process_time() - t) * 1e3
+    assert master.status.phase is m.Phase.RUNCOMMAND, master.status.phase
+    t = time.process_time()
+    size = len(master.observer.render())  # a /metrics scrape
+    out["render"] = (time.process_time() - t) * 1e3
+    out["render_kib"] = size / 1024
     return out
 
 
-def child(n: int, rounds: int) -> None:
-    print(json.dumps(asyncio.run(measure(n, rounds))))
+def child(n: int, rounds: int, payload: str) -> None:
+    print(json.dumps(asyncio.run(measure(n, rounds, payload))))
 
 
-def run_in(tree: Path, n: int, rounds: int) -> dict[str, float]:
+def run_in(tree: Path, n: int, rounds: int, payload: str) -> dict[str, float]:
     """One measurement in a fresh interpreter importing aegis_flow from ``tree``."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    proc = subprocess.run([sys.executable, __file__, "--child", str(n), "--rounds", str(rounds)],
+    proc = subprocess.run([sys.executable, __file__, "--child", str(n), "--rounds", str(rounds),
+                           "--payload", payload],
                           env=env, capture_output=True, text=True, timeout=900, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"the measurement in {tree} failed:\n{proc.stderr[-2000:]}")
@@ -144,13 +178,18 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=3, help="fresh processes per tree (3)")
     ap.add_argument("--compare", type=Path, help="another checkout, measured alternately")
     ap.add_argument("--out", type=Path, help="write the table here (markdown)")
+    ap.add_argument("--payload", choices=("full", "bare"), default="full",
+                    help="heartbeats with the numbers a worker of 8 GPUs sends (full, the "
+                         "default) or without them (bare)")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        child(a.child, a.rounds)
+        child(a.child, a.rounds, a.payload)
         return
     trees = [("this", ROOT)] + ([("compare", a.compare.resolve())] if a.compare else [])
-    header = ["N", "tree", "ack µs", "FINISH µs", "heartbeat µs", "heartbeat CPU at N/s"]
+    header = ["N", "tree", "ack µs", "FINISH µs", "heartbeat µs", "heartbeat CPU at N/s",
+              "keep-alive µs", "ticks ms/s, samples new", "ticks ms/s, none new", "/metrics ms",
+              "/metrics KiB"]
     rows = []
     if a.compare and not (a.compare / "aegis_flow").is_dir():
         ap.error(f"--compare {a.compare}: not a checkout of aegis-flow (no aegis_flow/ in it)")
@@ -158,13 +197,18 @@ def main() -> None:
         got: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
         for trial in range(a.trials):
             for name, tree in trees:
-                got[name].append(run_in(tree, n, a.rounds))
+                got[name].append(run_in(tree, n, a.rounds, a.payload))
                 print(f"N={n} {name} trial {trial + 1}: {got[name][-1]}", file=sys.stderr)
         for name, _ in trees:
-            med = {k: statistics.median(r[k] for r in got[name]) for k in ("ack", "finish",
-                                                                            "beat")}
+            med = {k: statistics.median(r[k] for r in got[name])
+                   for k in ("ack", "finish", "beat", "keepalive", "tick", "tick_quiet",
+                             "render", "render_kib")}
             rows.append([str(n), name, f"{med['ack']:.1f}", f"{med['finish']:.1f}",
-                         f"{med['beat']:.1f}", f"{med['beat'] * n / 1e4:.0f} %"])
+                         f"{med['beat']:.1f}", f"{med['beat'] * n / 1e4:.0f} %",
+                         f"{med['keepalive']:.1f}",
+                         f"{med['tick']:.0f}", f"{med['tick_quiet']:.0f}",
+                         f"{med['render']:.0f}",
+                         f"{med['render_kib']:.0f}"])
     print(tables.render(header, rows, markdown=False))
     if a.out:
         when = datetime.date.today().isoformat()

@@ -74,7 +74,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tables  # bench/tables.py (this script's folder is on sys.path)
+import beats  # bench/beats.py (this script's folder is on sys.path)
+import tables  # bench/tables.py
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -85,12 +86,14 @@ import nats  # noqa: E402
 from aegis_flow import protocol as p  # noqa: E402
 from aegis_flow.local.natsserver import EmbeddedNats  # noqa: E402
 from aegis_flow.master.store import STATUS_KEY, KVStore, decode_doc, status_to_dict  # noqa: E402
+from aegis_flow.supervisor.keepalive import KeepAlives  # noqa: E402
 
 _VENV_PY = ROOT / ".venv" / "bin" / "python"
 PYTHON = str(_VENV_PY) if _VENV_PY.exists() else sys.executable
 JOB, NAMESPACE = "scale", "default"
 TICKS = 10  # heartbeat slots per interval: a connection publishes 1/TICKS of its workers a tick
 CLK = os.sysconf("SC_CLK_TCK")
+SCRAPE_EVERY = 15.0  # seconds between /metrics reads in the steady state (Prometheus's default)
 
 
 class BenchError(RuntimeError):
@@ -145,6 +148,8 @@ class Worker:
     since: float = field(default_factory=time.monotonic)
     node: str = ""
     first_beat: float | None = None  # when this incarnation's first heartbeat went out
+    beats: int = 0  # heartbeats sent (the numbers of a full payload move with it)
+    keepalives: KeepAlives = field(default_factory=KeepAlives)  # the supervisor's own logic
 
 
 @dataclass
@@ -162,8 +167,10 @@ PHASE_OF = {"bootcheck": "BootChecking", "troubleshoot": "Troubleshooting",
 class Fleet:
     """N simulated workers on ceil(N / per_conn) NATS connections."""
 
-    def __init__(self, url: str, n: int, per_conn: int, heartbeat: float) -> None:
+    def __init__(self, url: str, n: int, per_conn: int, heartbeat: float, *,
+                 payload: str = "full") -> None:
         self.url, self.n, self.per_conn, self.heartbeat = url, n, per_conn, heartbeat
+        self.payload = payload
         self.base_heartbeat = heartbeat
         self.subjects = p.Subjects(NAMESPACE, JOB)
         self.workers = [Worker(r) for r in range(n)]
@@ -171,6 +178,7 @@ class Fleet:
         self.groups: list[list[Worker]] = []
         self.orders: dict[int, OrderSeen] = {}
         self.published = 0  # messages sent to the master
+        self.keepalives = 0  # ... of them heartbeats sent as keep-alives
         self.bad_orders = 0
         self._tasks: list[asyncio.Task[None]] = []
         self.beating = False
@@ -196,16 +204,28 @@ class Fleet:
                          phase=w.phase, data=data, timestamp=time.time()).encode()
 
     def _beat(self, w: Worker) -> bytes:
-        """The supervisor's heartbeat fields (agent._beat_data), no child process."""
+        """The supervisor's heartbeat fields (agent._beat_data). While running, with
+        ``payload == "full"`` (the default), the numbers a worker of 8 GPUs sends
+        (``beats.numbers``: step, counts, a resource sample of 8 processes and 8 GPUs);
+        ``"bare"``: none of them (the harness's heartbeat before 2026-12-04)."""
         running = w.order == "run"
-        return self._msg(w, p.MsgType.ACK, w.seq, {
+        w.beats += 1
+        moving = (beats.numbers(w.rank, w.beats) if running and self.payload == "full" else
+                  {"beat_lag": 0.0, "step_rate": None, "step": None, "progress": None})
+        msg = p.Message(job=JOB, namespace=NAMESPACE, pod_name=f"{JOB}-worker-{w.rank}",
+                        type=p.MsgType.ACK, rank=w.rank, seq=max(w.seq, 0),
+                        incarnation=w.incarnation, phase=w.phase, data={
             "node": w.node or f"node-{w.rank}",
             "pod_ip": f"10.0.{w.rank // 250}.{w.rank % 250 + 1}",
             "child_pid": 1000 + w.rank if running else None,
             "node_ip": f"10.1.{w.rank // 250}.{w.rank % 250 + 1}", "gpu_type": "sim",
-            "child_restarts": 0, "beat_lag": 0.0, "step_rate": None, "step": None,
+            "child_restarts": 0,
             "doing": "" if running else "checks done; waiting for the other ranks",
-            "progress": None, "doing_for": round(time.monotonic() - w.since, 1)})
+            "doing_for": round(time.monotonic() - w.since, 1), **moving}, timestamp=time.time())
+        short = w.keepalives.compact(msg, time.monotonic())  # as the supervisor decides
+        if short is not None:
+            self.keepalives += 1
+        return short or msg.encode()
 
     async def _publish(self, nc: Any, w: Worker, raw: bytes) -> None:
         await nc.publish(self.subjects.master(w.rank), raw)
@@ -223,6 +243,8 @@ class Fleet:
                 return
             order = str(msg.data.get("order", ""))
             floor = msg.data.get("beat_floor")  # a large job: fewer beats (as the supervisor)
+            for w in group:
+                w.keepalives.asked(msg.data.get("keepalive"))
             if isinstance(floor, int | float) and 0 < floor <= 60:
                 self.heartbeat = max(self.base_heartbeat, float(floor))
             seen = self.orders.setdefault(msg.seq, OrderSeen(order))
@@ -291,6 +313,7 @@ class Fleet:
         w.incarnation, w.node = uuid.uuid4().hex[:12], f"node-{rank}-b"
         w.seq, w.order, w.phase, w.since = 0, "", "Pending", time.monotonic()
         w.last_report, w.report_seq, w.first_beat, w.gone = None, -1, None, False
+        w.keepalives = KeepAlives()  # a new supervisor: full beats until the master asks
         return w
 
     async def close(self) -> None:
@@ -344,6 +367,9 @@ class Result:
     nats_in_per_s: float = float("nan")  # the server's own counts (/varz), steady state
     nats_out_per_s: float = float("nan")
     harness_cpu_pct: float = float("nan")
+    keepalive_share: float = float("nan")  # of the messages in, heartbeats as keep-alives
+    scrapes: int = 0  # /metrics reads in the steady state (every SCRAPE_EVERY s)
+    scrape_bytes: int = 0  # the size of the last one
     unexpected_orders: list[str] = field(default_factory=list)
     # scenario 3
     next_order: str = ""
@@ -454,6 +480,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def scrape(url: str) -> int:
+    """Read the master's /metrics once (a Prometheus scrape); its size in bytes."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:  # noqa: S310
+        return len(resp.read())
+
+
 async def ready(url: str, timeout: float, alive: Callable[[], None]) -> None:
     """Until the master's /readyz answers 200 (connected, status loaded, subscribed)."""
     import urllib.request
@@ -501,7 +535,7 @@ class Masters:
 async def run_scenarios(res: Result, url: str, nats_pid: int, masters: Masters,
                         args: argparse.Namespace, monitor: str) -> None:
     subjects = p.Subjects(NAMESPACE, JOB)
-    fleet = Fleet(url, res.n, args.per_conn, args.heartbeat)
+    fleet = Fleet(url, res.n, args.per_conn, args.heartbeat, payload=args.payload)
     mon = await nats.connect(url)
     tap = KvTap()
     await tap.start(mon, subjects.kv_bucket)
@@ -546,21 +580,27 @@ async def run_scenarios(res: Result, url: str, nats_pid: int, masters: Masters,
         # -- 2. steady state ----------------------------------------------------------------
         puts1, bytes1, _ = tap.snap()
         known = set(fleet.orders)
-        pub0, w0 = fleet.published, time.monotonic()
+        pub0, ka0, w0 = fleet.published, fleet.keepalives, time.monotonic()
         m0, n0, h0 = cpu_seconds(pid()), cpu_seconds(nats_pid), cpu_seconds(os.getpid())
         in0, out0 = await asyncio.to_thread(nats_counts, monitor)
         rss_m, rss_n = [], []
+        scraped = w0
         while time.monotonic() - w0 < args.steady:
             await asyncio.sleep(min(1.0, max(0.0, args.steady - (time.monotonic() - w0))))
             alive()
             rss_m.append(rss_mib(pid()))
             rss_n.append(rss_mib(nats_pid))
+            if time.monotonic() - scraped >= SCRAPE_EVERY:  # as Prometheus would
+                scraped = time.monotonic()
+                res.scrapes += 1
+                res.scrape_bytes = await asyncio.to_thread(scrape, masters.url)
         in1, out1 = await asyncio.to_thread(nats_counts, monitor)
         dt = time.monotonic() - w0
         m1, n1, h1 = cpu_seconds(pid()), cpu_seconds(nats_pid), cpu_seconds(os.getpid())
         res.nats_in_per_s, res.nats_out_per_s = (in1 - in0) / dt, (out1 - out0) / dt
         res.steady_s = dt
         res.msgs_per_s = (fleet.published - pub0) / dt
+        res.keepalive_share = (fleet.keepalives - ka0) / max(1, fleet.published - pub0)
         res.master_cpu_pct = 100 * (m1 - m0) / dt
         res.nats_cpu_pct = 100 * (n1 - n0) / dt
         res.harness_cpu_pct = 100 * (h1 - h0) / dt
@@ -679,7 +719,8 @@ def run_one(n: int, args: argparse.Namespace, base: Path) -> Result:
              "--connect-timeout", str(args.timeout), "--lost-timeout",
              str(args.lost_timeout), "--replace-timeout", str(args.timeout),
              "--metrics-addr", "127.0.0.1",
-             "--status-file", str(work / "status.json"), "--log-level", args.master_log_level],
+             "--status-file", str(work / "status.json"), "--log-level", args.master_log_level,
+             *([] if args.keepalives else ["--no-keepalives"])],
             work, env)
         try:
             masters.start()
@@ -707,7 +748,7 @@ def _f(x: float, digits: int = 2) -> str:
 ROUND_HEADER = ["N", "conns", "acks→bootcheck at all (s)", "bootcheck round (s)",
                 "fault→next order p50 (s)", "p99 (s)", "max (s)", "troubleshoot round (s)",
                 "fault→restart at all (s)"]
-STEADY_HEADER = ["N", "msgs/s in", "master CPU %", "master RSS MiB", "nats CPU %",
+STEADY_HEADER = ["N", "msgs/s in", "keep-alives", "master CPU %", "master RSS MiB", "nats CPU %",
                  "nats RSS MiB", "nats msgs/s in", "nats msgs/s out", "harness CPU %"]
 STORE_HEADER = ["N", "job record KiB", "KV puts connect+boot", "MiB", "KV puts steady", "KiB",
                 "KV puts fault→restart", "KiB", "saves", "KiB per save", "largest put KiB"]
@@ -723,7 +764,8 @@ def round_rows(results: Sequence[Result]) -> list[list[str]]:
 
 
 def steady_rows(results: Sequence[Result]) -> list[list[str]]:
-    return [[str(r.n), _f(r.msgs_per_s, 0), _f(r.master_cpu_pct, 0), _f(r.master_rss_mib, 0),
+    return [[str(r.n), _f(r.msgs_per_s, 0), _f(100 * r.keepalive_share, 0) + " %",
+             _f(r.master_cpu_pct, 1), _f(r.master_rss_mib, 0),
              _f(r.nats_cpu_pct, 0), _f(r.nats_rss_mib, 0), _f(r.nats_in_per_s, 0),
              _f(r.nats_out_per_s, 0), _f(r.harness_cpu_pct, 0)]
             for r in results]
@@ -772,6 +814,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="seconds of steady-state heartbeats (default 60)")
     ap.add_argument("--heartbeat", type=float, default=0.5,
                     help="heartbeat interval of every worker (default 0.5, the supervisor's)")
+    ap.add_argument("--payload", choices=("full", "bare"), default="full",
+                    help="heartbeats while running: 'full' carries what a worker of 8 GPUs "
+                         "sends (step, counts, a resource sample of 8 processes and 8 GPUs); "
+                         "'bare' none of those numbers (default full)")
+    ap.add_argument("--keepalives", action=argparse.BooleanOptionalAction, default=True,
+                    help="the master asks for keep-alives between full heartbeats (default; "
+                         "--no-keepalives: every heartbeat in full, as before 2026-12-04)")
     ap.add_argument("--per-conn", type=int, default=256,
                     help="simulated workers per NATS connection (default 256)")
     ap.add_argument("--lost-timeout", type=float, default=3.0,

@@ -140,7 +140,7 @@ def test_rss_growth_state_is_bounded_under_frequent_calls() -> None:
     det = Anomalies()
     for i in range(5000):  # every 0.1 s
         det, _ = det.observe(i / 10, {0: procs((1, 1024 * MiB + i))})
-    assert len(det.rss.runs[(0, 1)].points) <= 66
+    assert len(det.rss.runs[0][1].points) <= 66
 
 
 # -- net_low -----------------------------------------------------------------------------------
@@ -199,3 +199,51 @@ def test_rule_arguments_are_checked() -> None:
         PeerLow("x", gpu_util, window=1.0, peers_above=0.0)
     with pytest.raises(ValueError):
         RssGrowth(window=0)
+
+
+# -- fresh samples only (the runtime's once-a-beat look at thousands of ranks) ---------------
+
+
+def test_only_fresh_samples_are_read_and_the_findings_are_the_same() -> None:
+    """The runtime passes which ranks sent a new sample since its last look; the others'
+    samples are not read again. Seen every second while samples arrive every 5 s (each a new
+    object only when it arrives), the findings are those of looking at every arrival."""
+    def sample(rank: int, t: float) -> Sample:
+        util = 0.0 if rank == 3 and t >= 100 else 95.0
+        rss = 2048 * MiB + (4 * MiB * t if rank == 1 else 0)
+        return {**gpus(util), **procs((100 + rank, rss)), **net(5e7 if rank != 2 else 1e6)}
+
+    looked: list[tuple[float, Finding]] = []
+    det, latest = Anomalies(), {r: sample(r, 0.0) for r in range(6)}
+    fresh: set[int] = set(latest)
+    for t in range(0, 601):
+        if t % 5 == 0 and t:  # each rank's full heartbeat: a new sample object
+            latest = {r: sample(r, float(t)) for r in range(6)}
+            fresh = set(latest)
+        det, new = det.observe(float(t), latest, fresh)
+        fresh = set()
+        looked += [(float(t), f) for f in new]
+    arrivals = run([(float(t), {r: sample(r, float(t)) for r in range(6)})
+                    for t in range(0, 601, 5)])
+    assert sorted((t, f.rank, f.rule) for t, f in looked) == sorted(
+        (t, f.rank, f.rule) for t, f in arrivals)
+    assert {(f.rank, f.rule) for _, f in looked} == {(1, "rss_growth"), (3, "gpu_idle"),
+                                                     (2, "net_low")}
+
+
+def test_a_sample_not_fresh_is_not_read_again() -> None:
+    reads: list[int] = []
+
+    def metric(sample: Any) -> float | None:
+        reads.append(sample["rank"])
+        return float(sample["v"])
+
+    rule = PeerLow("x", metric, window=0.0, peers_above=0.0, fraction=0.5)
+    samples = {r: {"rank": r, "v": 10.0} for r in range(4)}
+    rule, _ = rule.observe(0.0, samples)
+    assert sorted(reads) == [0, 1, 2, 3]
+    reads.clear()
+    rule, found = rule.observe(1.0, samples | {2: {"rank": 2, "v": 1.0}}, fresh={2})
+    assert reads == [2] and [f.rank for f in found] == [2]
+    rule, found = rule.observe(2.0, {r: samples[r] for r in (0, 1)}, fresh=set())
+    assert reads == [2] and found == [] and set(rule.values) == {0, 1}  # 2 and 3 are gone

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from aegis_flow import protocol as p
 from aegis_flow.local.observe import add_parsers
@@ -62,9 +63,13 @@ def checks(*names: str, status: str = "pass") -> dict[str, Any]:
 
 
 def value(master: Master, name: str, **labels: str) -> float:
+    """A series' value as a scrape of /metrics shows it (0 when absent)."""
     assert master.observer is not None and master.observer.metrics is not None
-    v = master.observer.metrics.registry.get_sample_value(name, labels)
-    return 0.0 if v is None else v
+    for family in text_string_to_metric_families(master.observer.render().decode()):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
 
 
 async def hardware_fault_job(log_dir: Path) -> Master:

@@ -435,3 +435,28 @@ def test_the_real_core_evicts_only_at_a_checkpoint() -> None:
     report = verify(POLICY_MODEL)
     assert report.verdict("EvictionOnlyAtCheckpoint").holds is True
     assert report.verdict("BlameIsEvidence").holds is True
+
+
+# --------------------------------------------------------------------------- keep-alives
+
+
+def test_a_keepalive_shortcut_that_skips_a_replaced_workers_beat_is_caught(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime takes a keep-alive without ``step`` when ``beat_changes_nothing`` says so.
+    Without its ``restarting`` clause, the old pod of a rank being replaced would never be
+    re-sent its exit order (the Ack that asks for it would be skipped)."""
+    def careless(status: Status, rank: int, incarnation: str, seq: int) -> bool:
+        pod = status.workers[rank]
+        return (seq == status.seq == pod.seq and incarnation == pod.incarnation
+                and status.phase is not Phase.PENDING)
+
+    monkeypatch.setattr(machine, "beat_changes_nothing", careless)
+    verdict = violated(verify(Config(workers=2, max_retry=1, seq_bound=4)),
+                       "KeepAliveChangesNothing")
+    assert_last_state_violates(verdict)
+    assert any(p.restarting for p in verdict.trace[-1].status.workers)
+
+
+def test_the_real_keepalive_shortcut_holds() -> None:
+    assert verify(Config(workers=2, max_retry=1, seq_bound=4)).verdict(
+        "KeepAliveChangesNothing").holds is True

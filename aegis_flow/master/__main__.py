@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "before they count as lost rather than a control-plane outage (default "
                     f"{MASTER.outage_limit:g})")
     ap.add_argument("--linger", type=float, default=MASTER.linger)
+    ap.add_argument("--keepalives", action=argparse.BooleanOptionalAction, default=True,
+                    help="let the workers send heartbeats that say nothing new as short "
+                    "keep-alives, with a full heartbeat every 5-15 s (default on; "
+                    "--no-keepalives: every heartbeat in full, for comparison)")
     ap.add_argument("--status-file", default="", help="write the final status here too")
     ap.add_argument("--decision-dir", default="",
                     help="on Argo: write the job's ending (files verdict, quarantined, message) "
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                        status_file=a.status_file, decision_dir=a.decision_dir,
                        progress_file=a.progress_file, metrics_port=a.metrics_port,
                        metrics_addr=a.metrics_addr, port_file=a.port_file, log_dir=a.log_dir,
-                       gpu_type=a.gpu_type)
+                       gpu_type=a.gpu_type, keepalives=a.keepalives)
     try:
         check_master(cfg)
     except ConfigError as exc:

@@ -36,10 +36,11 @@ Comparisons need at least one other rank with the metric (a single rank has no p
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from aegis_flow.steps.slow import peer_medians
 
 MiB = 1024 * 1024
 
@@ -116,21 +117,28 @@ class PeerLow:
     describe: Callable[[float], str] = str
     since: Mapping[int, float] = field(default_factory=dict)  # rank → when it turned low
     flagged: frozenset[int] = frozenset()  # reported in the current episode
+    values: Mapping[int, float | None] = field(default_factory=dict)  # the last call's metric
 
     def __post_init__(self) -> None:
         if (self.below is None) == (self.fraction is None) or self.window < 0:
             raise ValueError(f"{self.rule}: need exactly one of below/fraction and window >= 0")
 
-    def observe(self, now: float, samples: Mapping[int, Any]) -> tuple[PeerLow, list[Finding]]:
-        values = {rank: v for rank, s in samples.items() if (v := self.metric(s)) is not None}
+    def observe(self, now: float, samples: Mapping[int, Any],
+                fresh: Collection[int] | None = None) -> tuple[PeerLow, list[Finding]]:
+        """``fresh``: the ranks whose sample is new since the last call (None: all); the
+        others' metric is the one read then (reading it is most of the cost at 4,096 ranks)."""
+        last = self.values
+        read = {rank: (self.metric(s) if fresh is None or rank in fresh or rank not in last
+                       else last[rank]) for rank, s in samples.items()}
+        values = {rank: v for rank, v in read.items() if v is not None}
         since: dict[int, float] = {}
         flagged: set[int] = set()
         found: list[Finding] = []
+        medians = peer_medians(values)
         for rank, value in sorted(values.items()):
-            peers = [v for r, v in values.items() if r != rank]
-            if not peers:
+            median = medians.get(rank)
+            if median is None:
                 continue
-            median = statistics.median(peers)
             limit = self.below if self.below is not None else (self.fraction or 0) * median
             if median <= self.peers_above or value >= limit:
                 continue  # healthy (or nothing to compare with): the episode ends, re-armed
@@ -142,7 +150,7 @@ class PeerLow:
                     f"{self.describe(value)} vs its peers' median {self.describe(median)} "
                     f"for {now - start:.0f} s")))
             flagged.add(rank)
-        return replace(self, since=since, flagged=frozenset(flagged)), found
+        return replace(self, since=since, flagged=frozenset(flagged), values=read), found
 
 
 @dataclass(frozen=True)
@@ -159,7 +167,7 @@ class RssGrowth:
     window: float = 300.0
     fraction: float = 0.20
     min_bytes: float = 256 * MiB
-    runs: Mapping[tuple[int, int], _Run] = field(default_factory=dict)
+    runs: Mapping[int, Mapping[int, _Run]] = field(default_factory=dict)  # rank → pid → run
     flagged: frozenset[tuple[int, int]] = frozenset()
 
     def __post_init__(self) -> None:
@@ -167,42 +175,59 @@ class RssGrowth:
             raise ValueError(f"rss_growth: need window > 0, fraction >= 0, min_bytes >= 0, got "
                              f"{self.window}, {self.fraction}, {self.min_bytes}")
 
-    def observe(self, now: float, samples: Mapping[int, Any]
-                ) -> tuple[RssGrowth, list[Finding]]:
-        runs: dict[tuple[int, int], _Run] = {}
+    def observe(self, now: float, samples: Mapping[int, Any],
+                fresh: Collection[int] | None = None) -> tuple[RssGrowth, list[Finding]]:
+        """``fresh``: the ranks whose sample is new since the last call (None: all); the
+        others' runs stay as they are (a sample is one measurement, judged when it comes)."""
+        runs: dict[int, Mapping[int, _Run]] = {}
         flagged: set[tuple[int, int]] = set()
         found: list[Finding] = []
-        step = self.window / 64
+        if fresh is not None:  # the ranks still present and not fresh keep what they had
+            runs = {r: by_pid for r, by_pid in self.runs.items()
+                    if r in samples and r not in fresh}
+            flagged = {k for k in self.flagged if k[0] in runs}
         for rank, sample in sorted(samples.items()):
-            for pid, rss in proc_rss(sample):
-                key = (rank, pid)
-                run = self.runs.get(key)
-                if run is None or rss < run.last:  # a new process, or memory went down
-                    points: tuple[tuple[float, float], ...] = ((now, rss),)
-                elif now - run.points[-1][0] >= step:
-                    points = (*run.points, (now, rss))
-                else:
-                    points = run.points  # thinned: too close to the last point kept
-                cut = now - self.window
-                starts = [i for i, (t, _) in enumerate(points) if t <= cut]
-                if starts:
-                    points = points[starts[-1]:]  # the baseline: last sample at/before the cut
-                runs[key] = _Run(points, rss)
-                if not starts:
-                    continue
-                base = points[0][1]
-                grown = rss - base
-                mid = [v for t, v in points if t <= now - self.window / 2][-1]
-                if (grown <= self.min_bytes or grown <= self.fraction * base
-                        or not base < mid < rss):
-                    continue
-                if key not in self.flagged:
-                    found.append(Finding(rank, "rss_growth", (
-                        f"pid {pid} RSS only grew for {now - points[0][0]:.0f} s: "
-                        f"{base / MiB:.0f} MiB → {rss / MiB:.0f} MiB "
-                        f"(+{100 * grown / base if base else 100:.0f} %)")))
-                flagged.add(key)
+            if fresh is not None and rank not in fresh:
+                continue
+            mine = runs[rank] = self._judge(now, rank, sample, flagged, found)
+            if not mine:
+                del runs[rank]
         return replace(self, runs=runs, flagged=frozenset(flagged)), found
+
+    def _judge(self, now: float, rank: int, sample: Any, flagged: set[tuple[int, int]],
+               found: list[Finding]) -> dict[int, _Run]:
+        """One rank's new sample: its processes' runs after it (findings and flags added)."""
+        step = self.window / 64
+        before = self.runs.get(rank, {})
+        mine: dict[int, _Run] = {}
+        for pid, rss in proc_rss(sample):
+            key = (rank, pid)
+            run = before.get(pid)
+            if run is None or rss < run.last:  # a new process, or memory went down
+                points: tuple[tuple[float, float], ...] = ((now, rss),)
+            elif now - run.points[-1][0] >= step:
+                points = (*run.points, (now, rss))
+            else:
+                points = run.points  # thinned: too close to the last point kept
+            cut = now - self.window
+            starts = [i for i, (t, _) in enumerate(points) if t <= cut]
+            if starts:
+                points = points[starts[-1]:]  # the baseline: last sample at/before the cut
+            mine[pid] = _Run(points, rss)
+            if not starts:
+                continue
+            base = points[0][1]
+            grown = rss - base
+            mid = [v for t, v in points if t <= now - self.window / 2][-1]
+            if grown <= self.min_bytes or grown <= self.fraction * base or not base < mid < rss:
+                continue
+            if key not in self.flagged:
+                found.append(Finding(rank, "rss_growth", (
+                    f"pid {pid} RSS only grew for {now - points[0][0]:.0f} s: "
+                    f"{base / MiB:.0f} MiB → {rss / MiB:.0f} MiB "
+                    f"(+{100 * grown / base if base else 100:.0f} %)")))
+            flagged.add(key)
+        return mine
 
 
 def _fmt_pct(value: float) -> str:
@@ -220,12 +245,14 @@ class Anomalies:
         "net_low", net_rate, window=60.0, peers_above=1e6, fraction=0.25,
         describe=_fmt_rate))
 
-    def observe(self, now: float, samples: Mapping[int, Any]
-                ) -> tuple[Anomalies, list[Finding]]:
-        """``samples``: rank → its latest ``resources`` dict. Findings that are new now."""
-        gpu, f1 = self.gpu.observe(now, samples)
-        rss, f2 = self.rss.observe(now, samples)
-        net, f3 = self.net.observe(now, samples)
+    def observe(self, now: float, samples: Mapping[int, Any],
+                fresh: Collection[int] | None = None) -> tuple[Anomalies, list[Finding]]:
+        """``samples``: rank → its latest ``resources`` dict. Findings that are new now.
+        ``fresh``: the ranks whose sample is new since the last call (None: every rank's):
+        the others' samples are not read again."""
+        gpu, f1 = self.gpu.observe(now, samples, fresh)
+        rss, f2 = self.rss.observe(now, samples, fresh)
+        net, f3 = self.net.observe(now, samples, fresh)
         return Anomalies(gpu, rss, net), [*f1, *f2, *f3]
 
     def forget(self, rank: int) -> Anomalies:
@@ -233,7 +260,7 @@ class Anomalies:
         return Anomalies(
             replace(self.gpu, since={r: t for r, t in self.gpu.since.items() if r != rank},
                     flagged=self.gpu.flagged - {rank}),
-            replace(self.rss, runs={k: v for k, v in self.rss.runs.items() if k[0] != rank},
+            replace(self.rss, runs={r: v for r, v in self.rss.runs.items() if r != rank},
                     flagged=frozenset(k for k in self.rss.flagged if k[0] != rank)),
             replace(self.net, since={r: t for r, t in self.net.since.items() if r != rank},
                     flagged=self.net.flagged - {rank}))

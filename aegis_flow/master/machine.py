@@ -462,6 +462,21 @@ def _on_ack(status: Status, ev: Ack, now: float) -> Result:
     return status, _resend(status, pod)
 
 
+def beat_changes_nothing(status: Status, rank: int, incarnation: str, seq: int) -> bool:
+    """Whether a heartbeat of ``rank`` (its worker ``incarnation``, at ``seq``, from where the
+    status already has it) leaves the status as it is and asks for nothing: ``step`` with
+    ``Ack(rank, incarnation, seq, node=pod.node, pod_ip=pod.pod_ip)`` would return ``status``
+    itself and no effect. The runtime skips ``step`` for a keep-alive when this holds (nearly
+    every heartbeat of a job that is training); the model checker proves the claim on every
+    reachable state (``verify.properties.keepalive_changes_nothing``). ``rank`` must be valid.
+
+    It holds for the worker the status knows (same incarnation), already at the current seq,
+    not being replaced, in any phase but Pending (where an ack may complete the round)."""
+    pod = status.workers[rank]
+    return (seq == status.seq == pod.seq and incarnation == pod.incarnation
+            and not pod.restarting and status.phase is not Phase.PENDING)
+
+
 def _return_worker(status: Status, pod: PodInfo, *, new_incarnation: bool) -> Result:
     """A restarting worker is back; T8 when every restarting worker is. A new container
     answers its open failure, a new node clears its history (policy V3)."""
@@ -761,6 +776,6 @@ __all__ = [
     "Ignored",
     "LIVE_PHASES", "Log", "Lost", "MalformedEvent", "Mark", "Order", "Outcome", "Persist", "Phase",
     "PodInfo", "Quarantine", "Rearm", "Resume", "Send", "Status", "Stop", "TERMINAL_PHASES",
-    "current_order", "retries_text",
+    "beat_changes_nothing", "current_order", "retries_text",
     "evolve", "initial_status", "step",
 ]

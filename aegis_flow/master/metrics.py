@@ -21,6 +21,7 @@ from prometheus_client import (
 )
 
 from aegis_flow.master import model as m
+from aegis_flow.master.beatmetrics import NAMES as BEAT_NAMES
 
 # budgets run from ms (runtime) to 182 s (allreduce performance): buckets cover both ends
 CHECK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -72,6 +73,10 @@ class MasterMetrics:
         self.reports = Counter(
             "aegis_reports", "Worker reports the master processed (duplicates and stale ones "
             "excluded), by type", ("type",), registry=r)
+        self.heartbeats = Counter(
+            "aegis_heartbeats", "Heartbeats the master took, by kind: full (JSON, every field) "
+            "or keepalive (the short form of one that says nothing new)", ("kind",),
+            registry=r)
         labels = ("gpu_type", "worker_num")
         self.jobs_created = Counter("aegis_jobs_created", "Jobs whose workers all connected "
                                     "(or that fell back to plain runs)", labels, registry=r)
@@ -91,43 +96,12 @@ class MasterMetrics:
                                  JOB_LABELS, registry=r)
         self.retries = Gauge("aegis_worker_retries", "Counted failures of each worker",
                              WORKER_LABELS, registry=r)
-        self.child_restarts = Gauge(
-            "aegis_worker_child_restarts", "Times the supervisor started the training process "
-            "again (from its heartbeat)", WORKER_LABELS, registry=r)
-        self.heartbeat_lag = Gauge(
-            "aegis_worker_heartbeat_lag_seconds", "How late the supervisor's last heartbeat "
-            "fired against its schedule (a busy or starved supervisor)", WORKER_LABELS,
-            registry=r)
-        self.heartbeat_delay = Gauge(
-            "aegis_worker_heartbeat_delay_seconds", "Sent-to-handled delay of the last "
-            "heartbeat (clock skew included)", WORKER_LABELS, registry=r)
-        self.step_rate = Gauge("aegis_worker_step_rate", "Training steps per second of each "
-                               "rank (progress API), 0 when not training", WORKER_LABELS,
-                               registry=r)
-        self.step = Gauge("aegis_worker_step", "Last training step each rank reported",
-                          WORKER_LABELS, registry=r)
-        self.up = Gauge("aegis_worker_up", "1 while the worker's heartbeats arrive",
-                        WORKER_LABELS, registry=r)
         self.slow = Gauge("aegis_worker_slow", "1 while the rank is marked slow (T13s): it is "
                           "evicted right after the next checkpoint (T13e)", WORKER_LABELS,
                           registry=r)
-        # the resource samples heartbeats carry (supervisor/resources.py)
-        self.cpu = Gauge("aegis_worker_cpu_percent", "CPU of the rank's training process "
-                         "(100 = one core busy)", WORKER_LABELS, registry=r)
-        self.rss = Gauge("aegis_worker_rss_bytes", "Resident memory of the rank's training "
-                         "process", WORKER_LABELS, registry=r)
-        self.net = Gauge("aegis_worker_network_bytes_per_second", "The rank's node's network "
-                         "throughput (every interface but lo; link ib: InfiniBand ports)",
-                         (*WORKER_LABELS, "link", "direction"), registry=r)
+        # the numbers every heartbeat carries (the supervisor's, the resource sample's) are
+        # rendered from the observer's views at each scrape (beatmetrics.py), not kept here
         gpu_labels = (*WORKER_LABELS, "gpu")
-        self.gpu_util = Gauge("aegis_gpu_utilization_percent", "GPU utilisation (NVML)",
-                              gpu_labels, registry=r)
-        self.gpu_mem = Gauge("aegis_gpu_memory_used_bytes", "GPU memory used (NVML)",
-                             gpu_labels, registry=r)
-        self.gpu_temp = Gauge("aegis_gpu_temperature_celsius", "GPU temperature (NVML)",
-                              gpu_labels, registry=r)
-        self.gpu_ecc = Gauge("aegis_gpu_ecc_uncorrected", "Volatile uncorrected ECC errors "
-                             "since the driver loaded (NVML)", gpu_labels, registry=r)
         self.gpu_xid = Counter("aegis_gpu_xid_events", "XID errors NVML reported, by code",
                                (*gpu_labels, "xid"), registry=r)
         self.anomalies = Counter(
@@ -143,9 +117,10 @@ class MasterMetrics:
             "aegis_credential_revocations", "Keys on the account's revocation list after this "
             "master's last push (pruned after the JWT lifetime)", registry=r)
 
-    def render(self) -> bytes:
-        """The registry in Prometheus' text format."""
-        return bytes(generate_latest(self.registry))
+    def render(self, beats: str = "") -> bytes:
+        """The registry in Prometheus' text format, followed by ``beats``: the per-rank
+        heartbeat families (``beatmetrics.render``)."""
+        return bytes(generate_latest(self.registry)) + beats.encode()
 
 
 _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
@@ -155,7 +130,7 @@ _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
 def exported_names(metrics: MasterMetrics | None = None) -> frozenset[str]:
     """Every series name a scrape can contain (``_bucket``/``_sum``/``_count``/``_total``)."""
     registry = (metrics or MasterMetrics()).registry
-    names: set[str] = set()
+    names: set[str] = set(BEAT_NAMES)
     for family in registry.collect():
         for suffix in _SUFFIXES.get(family.type, ("",)):
             names.add(family.name + suffix)

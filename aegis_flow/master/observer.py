@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from aegis_flow import protocol as p
+from aegis_flow.master import beatmetrics
 from aegis_flow.master import model as m
 from aegis_flow.master.faultlog import FaultLog, record
 from aegis_flow.master.metrics import PHASES, MasterMetrics
@@ -39,10 +40,7 @@ def higher(a: str, b: str) -> str:
     return max(a, b)
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
+_num = beatmetrics.number  # a finite JSON number, else None
 
 
 def shown_phase(pod: m.PodInfo) -> m.Phase:
@@ -137,8 +135,8 @@ class WorkerView:
     resources: dict[str, Any] | None = None  # the last heartbeat's resource sample
     beat_lag: float | None = None  # how late the supervisor says its last beat was
     delay: float = 0.0  # sent → handled of the last beat
-    flushed: float = 0.0  # the last_beat whose numbers the gauges hold (flush_beats)
     up: bool = False  # what aegis_worker_up says of it
+    known: bool = False  # it has beaten, or was found down: aegis_worker_up has a value
     where: tuple[Any, ...] = ()  # the last heartbeat's pod, addresses and gpu type, as sent
 
 
@@ -163,6 +161,9 @@ class Observer:
         self._msg_event: m.Event | None = None
         self._beat_gauges: dict[int, tuple[Any, ...]] = {}
         self._pending: list[dict[str, Any]] = []  # this transition's fault log lines
+        # heartbeats taken, full and keep-alive (the counters' children, looked up once)
+        self._beats_in = ((metrics.heartbeats.labels("full"), metrics.heartbeats.labels(
+            "keepalive")) if metrics is not None else None)
 
     # -- labels -----------------------------------------------------------------------------
     @property
@@ -226,6 +227,8 @@ class Observer:
         if not isinstance(event, m.Ack) or not 0 <= msg.rank < self.n:
             return
         v, d = self.views[msg.rank], msg.data
+        if self._beats_in is not None:
+            self._beats_in[0].inc()
         where = (msg.pod_name, d.get("pod_ip"), d.get("node"), d.get("node_ip"),
                  d.get("gpu_type"))
         if where != v.where:  # (the same as last beat, nearly always: nothing to convert)
@@ -241,9 +244,9 @@ class Observer:
         v.child_restarts = int(restarts) if restarts is not None else v.child_restarts
         res = d.get("resources")
         if isinstance(res, dict):
-            v.resources = res
-            if self.metrics is not None:
-                self._resource_gauges(msg.rank, res)
+            v.resources = res  # rendered at each scrape (beatmetrics.py)
+            if self.metrics is not None and '"xid"' in str(res.get("gpus")):
+                self._xids(msg.rank, res)
         mark = d.get("hang_mark")
         if isinstance(mark, dict) and v.mark[0] != msg.seq:  # the first beat after the mark
             frame = str(mark.get("frame") or "")[:200]
@@ -255,9 +258,22 @@ class Observer:
         lag = _num(d.get("beat_lag"))
         v.beat_lag = lag if lag is not None else v.beat_lag  # (the gauge keeps the last one)
         v.delay = max(0.0, now - msg.timestamp)
-        if self.metrics is not None and not v.up:
-            v.up = True
-            self._gauges_of(msg.rank)[5].set(1)
+        v.up = v.known = True
+
+    def keepalive(self, rank: int, ka: p.KeepAlive, now: float) -> None:
+        """A keep-alive's numbers (runtime, before any ``step``): what a full heartbeat's
+        would have set; the rest stays as the last full heartbeat left it."""
+        v = self.views[rank]
+        if self._beats_in is not None:
+            self._beats_in[1].inc()
+        v.last_beat = now
+        v.step_rate, v.step = ka.step_rate, ka.step
+        if ka.doing_for is not None:
+            v.doing_for = ka.doing_for
+        if ka.beat_lag is not None:
+            v.beat_lag = ka.beat_lag
+        v.delay = max(0.0, now - ka.timestamp)
+        v.up = v.known = True
 
     def _where(self, v: WorkerView, msg: p.Message, d: dict[str, Any]) -> None:
         """The pod, addresses and gpu type a rank's heartbeat names, when they changed."""
@@ -275,76 +291,25 @@ class Observer:
                 self._gpu_counts[gpu] += 1
             v.gpu_type, self._gpu_seen = gpu, None
 
-    def _gauges_of(self, rank: int) -> tuple[Any, ...]:
-        g = self._beat_gauges.get(rank)
-        if g is None:
-            assert self.metrics is not None
-            mt, labels = self.metrics, (self.job, self.namespace, str(rank))
-            g = self._beat_gauges[rank] = (
-                mt.child_restarts.labels(*labels), mt.heartbeat_lag.labels(*labels),
-                mt.heartbeat_delay.labels(*labels), mt.step_rate.labels(*labels),
-                mt.step.labels(*labels), mt.up.labels(*labels))
-        return g
-
-    def flush_beats(self) -> None:
-        """Put the numbers of each rank's last heartbeat into its gauges. Done when the
-        metrics are read (a scrape, the final snapshot), not on every heartbeat: at 4,096
-        ranks six gauge writes per heartbeat were a fifth of the master's steady-state time.
-        (Runs on the HTTP thread too: it reads each view's values, it decides nothing.)"""
-        if self.metrics is None:
-            return
-        for rank, v in enumerate(self.views):
-            beat = v.last_beat
-            if beat <= v.flushed:
-                continue
-            v.flushed = beat
-            g = self._gauges_of(rank)
-            g[0].set(v.child_restarts)
-            if v.beat_lag is not None:
-                g[1].set(v.beat_lag)
-            g[2].set(v.delay)
-            g[3].set(v.step_rate or 0.0)
-            if v.step is not None:
-                g[4].set(v.step)
-
     def _down(self, rank: int) -> None:
         """aegis_worker_up of ``rank`` is 0 (lost, or the job ended) until it beats again."""
-        assert self.metrics is not None
-        self.views[rank].up = False
-        self._gauges_of(rank)[5].set(0)
+        v = self.views[rank]
+        v.up, v.known = False, True
 
-    def _resource_gauges(self, rank: int, res: dict[str, Any]) -> None:
-        """The heartbeat's resource sample as gauges (malformed values are skipped)."""
+    def _xids(self, rank: int, res: dict[str, Any]) -> None:
+        """The XID errors a resource sample names, counted per GPU and code (rare: a heartbeat
+        has them only when the driver reported some since the last sample)."""
         mt = self.metrics
         assert mt is not None
-        labels = (self.job, self.namespace, str(rank))
-        procs = [p for p in res.get("procs") or [] if isinstance(p, dict)][:16]
-        cpu = [c for p in procs if (c := _num(p.get("cpu"))) is not None]
-        rss = [b for p in procs if (b := _num(p.get("rss"))) is not None]
-        if cpu:
-            mt.cpu.labels(*labels).set(sum(cpu))
-        if rss:
-            mt.rss.labels(*labels).set(sum(rss))
-        for link in ("net", "ib"):
-            rates = res.get(link)
-            if isinstance(rates, dict):
-                for direction in ("rx", "tx"):
-                    value = _num(rates.get(direction))
-                    if value is not None:
-                        mt.net.labels(*labels, link, direction).set(value)
         for gpu in [g for g in res.get("gpus") or [] if isinstance(g, dict)][:16]:
             index = _num(gpu.get("i"))
-            if index is None:
+            xids = gpu.get("xid")
+            if index is None or not isinstance(xids, list):
                 continue
-            g = (*labels, str(int(index)))
-            for gauge, key in ((mt.gpu_util, "util"), (mt.gpu_mem, "mem"),
-                               (mt.gpu_temp, "temp"), (mt.gpu_ecc, "ecc")):
-                value = _num(gpu.get(key))
-                if value is not None:
-                    gauge.labels(*g).set(value)
-            for xid in (gpu.get("xid") or [])[:4]:
+            for xid in xids[:4]:
                 if isinstance(xid, int) and not isinstance(xid, bool):
-                    mt.gpu_xid.labels(*g, str(xid)).inc()
+                    mt.gpu_xid.labels(self.job, self.namespace, str(rank), str(int(index)),
+                                      str(xid)).inc()
 
     def anomaly(self, rank: int, rule: str, detail: str, now: float) -> None:
         """An anomaly rule fired (runtime, anomaly.py): a fault-log line and a metric."""
@@ -423,17 +388,19 @@ class Observer:
             self._line("phase_end", now, phase, f"job {phase} ended: the master was stopped")
         self._line("summary", now, phase, summary)
         self._flush()
-        self.flush_beats()  # the last heartbeats' numbers are in the final metrics
         if self.faults is not None:
-            if self.metrics is not None:
+            if self.metrics is not None:  # the last heartbeats' numbers are in the final metrics
                 tmp = self.faults.directory / "metrics.prom.tmp"
-                tmp.write_bytes(self.metrics.render())
+                tmp.write_bytes(self.render())
                 os.replace(tmp, self.faults.directory / "metrics.prom")
             self.faults.close()
 
     def render(self) -> bytes:
-        self.flush_beats()
-        return self.metrics.render() if self.metrics is not None else b""
+        """``/metrics``: the registry and every rank's heartbeat numbers (read on the HTTP
+        thread: it reads each view's values, it decides nothing)."""
+        if self.metrics is None:
+            return b""
+        return self.metrics.render(beatmetrics.render(self.job, self.namespace, self.views))
 
     def progress(self) -> dict[str, Any]:
         """A snapshot for ``/progress`` (read from the HTTP thread; values only)."""
@@ -488,7 +455,7 @@ class Observer:
             else:
                 cause = failure_cause(event, data)
                 text, detect = self._detection(event, data, now)
-                if isinstance(event, m.Lost) and mt is not None:
+                if isinstance(event, m.Lost):
                     self._down(rank)
                 if detect is not None and mt is not None:
                     kind = {"Error": "error", "Lost": "lost"}.get(type(event).__name__, "hang")

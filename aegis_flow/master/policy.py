@@ -149,6 +149,25 @@ def beat_floor(workers: int, lost_timeout: float) -> float | None:
     return round(floor, 3) if floor > BEAT_DEFAULT else None
 
 
+#: full heartbeats per second the master is sized for when keep-alives carry the rest
+FULL_BEAT_BUDGET = 500.0
+
+
+def keepalive_every(workers: int) -> float:
+    """The longest a worker may go without a full heartbeat (the resource sample, its node,
+    addresses and activity), told with every order: keep-alives fill the beats in between.
+    5 s up to 2,500 workers, then the budget spread over the workers, at most 15 s (the
+    anomaly rules' shortest window, 30 s, still sees two samples)."""
+    return round(min(15.0, max(5.0, workers / FULL_BEAT_BUDGET)), 3)
+
+
+def observe_every(workers: int, lost_timeout: float) -> float:
+    """Seconds between two looks at every rank's latest forward time and resource sample (the
+    slow-rank and anomaly rules, whose windows are 30 s and more): the heartbeat interval, as
+    a rank's numbers are new once per beat, and never more often than once a second."""
+    return max(1.0, beat_floor(workers, lost_timeout) or BEAT_DEFAULT)
+
+
 def rendezvous_addr(status: Status) -> str:
     """Where every rank meets: the job's fixed address, or (``RDZV_RANK0``, pods) the address
     rank 0's pod reported when it acked - its current one, so a rank 0 moved to another pod

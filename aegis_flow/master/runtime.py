@@ -63,6 +63,7 @@ class MasterConfig:
     finish_lag: float = MASTER.finish_lag  # still running this long after the first finished
     resumed: bool = False  # an operator resumed the job: every worker was started again (T8r)
     monitor: bool = True  # check the model's invariants on every live transition (monitor.py)
+    keepalives: bool = True  # orders ask for keep-alives (protocol.KeepAlive) between full beats
     linger: float = MASTER.linger  # after the end: keep re-sending the final order to laggards
     tick: float = 0.05
     rendezvous_addr: str = "127.0.0.1"
@@ -188,6 +189,8 @@ class Master:
         self._intake: Any = None  # the subscription of the workers' reports (its backlog)
         self._backlog_said = 0.0
         self._scan_at = 0.0  # the next scan for silent ranks (tick)
+        self._observe_at = 0.0  # the next look at the slow and resource numbers (tick)
+        self._fresh_resources: set[int] = set()  # ranks whose sample came since that look
         # the quiet transitions not yet checked by the monitor: (status before the first,
         # the last event, how many)
         self._batch: tuple[m.Status, m.Event, int] | None = None
@@ -543,6 +546,8 @@ class Master:
         floor = policy.beat_floor(self.cfg.workers, self.cfg.lost_timeout)
         if floor is not None:  # a large job: fewer heartbeats (the same for every seq)
             extra = {**extra, "beat_floor": floor}
+        if self.cfg.keepalives:  # heartbeats that say nothing new may come as keep-alives
+            extra = {**extra, "keepalive": policy.keepalive_every(self.cfg.workers)}
         stamp = st.sent_at if effect.seq == st.seq and st.sent_at else now
         msg = p.order_message(self.subjects, effect, now=stamp, extra=extra)
         await self.nc.publish(subject, msg.encode())
@@ -577,6 +582,7 @@ class Master:
         if msg.type is p.MsgType.ACK and isinstance(res, dict) and 0 <= msg.rank < \
                 self.cfg.workers:
             self.resources[msg.rank] = (msg.seq, res)
+            self._fresh_resources.add(msg.rank)
 
     def _activity(self, seq: int) -> tuple[tuple[int, int, int], ...]:
         """Every rank's counts in the run of order ``seq`` (a count of an older run is not
@@ -628,15 +634,24 @@ class Master:
             self.bandwidth.clear()
 
     # -- input ------------------------------------------------------------------------------
+    def _sender(self, subject: str | None) -> int | None:
+        """The rank a report subject names (parsed once per subject); None for the control
+        subject or an in-process call. ProtocolError: not a subject of this job."""
+        sender = self._senders.get(subject) if subject is not None else None
+        if sender is None and subject is not None and subject != self.subjects.control:
+            sender = self.subjects.sender_rank(subject)
+            if len(self._senders) <= self.cfg.workers:  # the valid ones: one per rank
+                self._senders[subject] = sender
+        return sender
+
     async def on_message(self, raw: bytes, subject: str | None = None) -> None:
         """One message from NATS. ``subject``: where it came; a report must claim the rank its
         subject names (only that rank may publish there). None: an in-process call."""
+        if raw[:3] == p.KEEPALIVE_PREFIX:
+            await self._on_keepalive(raw, subject)
+            return
         try:
-            sender = self._senders.get(subject) if subject is not None else None
-            if sender is None and subject is not None and subject != self.subjects.control:
-                sender = self.subjects.sender_rank(subject)
-                if len(self._senders) <= self.cfg.workers:  # the valid ones: one per rank
-                    self._senders[subject] = sender
+            sender = self._sender(subject)
             msg = p.decode(raw, job=self.cfg.job, namespace=self.cfg.namespace)
             p.check_sender(msg, sender)
             event = p.to_event(msg)
@@ -682,6 +697,45 @@ class Master:
         except m.MalformedEvent as exc:
             self.stats["invalid"] += 1
             log.warning("dropped a malformed event: %s", exc)
+
+    async def _on_keepalive(self, raw: bytes, subject: str | None) -> None:
+        """A heartbeat that says nothing new (``protocol.KeepAlive``), from the worker the
+        status knows. Its numbers are kept as a full heartbeat's are; the state machine sees
+        it only when it could change something (``machine.beat_changes_nothing``: nearly
+        never while training), and then as the Ack a full heartbeat would have been."""
+        try:
+            sender = self._sender(subject)
+            ka = p.decode_keepalive(raw)
+        except p.ProtocolError as exc:
+            self._dropped("invalid", f"a keep-alive: {exc.reason}")
+            return
+        if sender is None or not 0 <= sender < self.cfg.workers:
+            self._dropped("invalid", "a keep-alive that is not on a rank's report subject")
+            return
+        pod = self.status.workers[sender]
+        if pod.incarnation != ka.incarnation:
+            # not the worker the status knows (a master that started afresh): its next full
+            # heartbeat, within keepalive_every, introduces it
+            self.stats["keepalive_unknown"] += 1
+            return
+        self.last_seen[sender] = time.monotonic()
+        if self.status.outage:  # a worker is heard again: the control plane is back
+            await self.apply(m.ControlPlaneBack())
+        if ka.steps is not None and ka.forwards is not None:
+            self.counts[sender] = (ka.seq, ka.steps, ka.forwards)
+        if ka.forward_ms is not None and 0 < ka.forward_ms < 1e9:
+            self.forward_ms[sender] = (ka.seq, ka.forward_ms)
+        if self.observer is not None:
+            self.observer.keepalive(sender, ka, time.time())
+        if m.beat_changes_nothing(self.status, sender, ka.incarnation, ka.seq):
+            return
+        event = m.Ack(sender, ka.incarnation, ka.seq, node=pod.node, pod_ip=pod.pod_ip)
+        try:
+            before = self.status
+            await self.apply(event)
+            self._after(before)
+        except StoreConflict:  # apply kept it in self.conflict: the main loop exits on it
+            return
 
     def _alive_for(self, rank: int) -> float | None:
         """Seconds since rank ``rank``'s current worker was heard, if it still counts as alive
@@ -754,8 +808,13 @@ class Master:
             return
         if await self._bound_the_finish(st, now):
             return
-        await self._watch_slow(st, now)
-        self._watch_resources(st, now)
+        if now >= self._observe_at:  # O(N log N) over every rank's latest numbers: once per
+            # heartbeat interval (a rank's numbers are new once per beat), at least a second
+            # apart (run on every 50 ms tick they were most of a 4,096-rank master's time)
+            self._observe_at = now + policy.observe_every(self.cfg.workers,
+                                                          self.cfg.lost_timeout)
+            await self._watch_slow(st, now)
+            self._watch_resources(st, now)
         if self.security is not None:
             self._count_refusals(self.security.counters())
         # quiet transitions wait QUIET_SAVE, or four times what the last save took: saving
@@ -878,7 +937,8 @@ class Master:
             return
         samples = {r: res for r, (seq, res) in self.resources.items()
                    if seq == st.seq and not st.workers[r].finished}
-        self.anomalies, found = self.anomalies.observe(now, samples)
+        fresh, self._fresh_resources = self._fresh_resources, set()
+        self.anomalies, found = self.anomalies.observe(now, samples, fresh)
         for f in found:
             self.stats[f"anomaly_{f.rule}"] += 1
             self._note(f"early evidence, not acted on alone: rank {f.rank} {f.rule} "

@@ -13,9 +13,10 @@ arrives as ``now``.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+
+from aegis_flow.steps.slow import peer_medians
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,12 @@ class SlowDetector:
         the ranks that became slow now, each with a one-line reason."""
         since = dict(self.since)
         found: list[tuple[int, str]] = []
+        medians = peer_medians(forward_ms)
         for rank, ms in sorted(forward_ms.items()):
-            peers = [v for r, v in forward_ms.items() if r != rank]
-            if not peers or ms <= 0:
+            median = medians.get(rank)
+            if median is None or ms <= 0:
                 since.pop(rank, None)
                 continue
-            median = statistics.median(peers)
             if median <= 0 or ms * self.fraction <= median:
                 since.pop(rank, None)
                 continue

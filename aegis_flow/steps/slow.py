@@ -11,6 +11,7 @@ against, and with two ranks the median of the peers is simply the other rank).
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections.abc import Mapping
@@ -34,6 +35,28 @@ def peer_median(bandwidths: Mapping[int, float], rank: int) -> float | None:
     return statistics.median(peers) if peers else None
 
 
+def peer_medians(values: Mapping[int, float]) -> dict[int, float]:
+    """Every rank's :func:`peer_median` at once, in O(N log N): the values sorted once, and
+    each rank's median of the others read off by position (removing one element shifts the
+    ones above it down by one). The same numbers as ``peer_median`` rank by rank, which is
+    O(N) per rank and O(N²) for all (at 4,096 ranks the master spent most of its time there).
+    A lone rank has no entry."""
+    ordered = sorted(float(v) for v in values.values())
+    rest = len(ordered) - 1
+    if rest < 1:
+        return {}
+    mid = rest // 2
+    out: dict[int, float] = {}
+    for rank, value in values.items():
+        i = bisect.bisect_left(ordered, float(value))  # one copy of the value is removed
+
+        def at(j: int, i: int = i) -> float:  # the j-th of the others, in order
+            return ordered[j] if j < i else ordered[j + 1]
+
+        out[rank] = at(mid) if rest % 2 else (at(mid - 1) + at(mid)) / 2
+    return out
+
+
 def flag_slow(bandwidths: Mapping[int, float],
               fraction: float = DEFAULT_SLOW_FRACTION) -> list[int]:
     """The ranks whose bandwidth is below ``fraction`` × the median of their peers, sorted.
@@ -43,9 +66,6 @@ def flag_slow(bandwidths: Mapping[int, float],
     for a fraction outside (0, 1] or a bandwidth that is negative, NaN or infinite.
     """
     _check(bandwidths, fraction)
-    slow = []
-    for rank, value in bandwidths.items():
-        median = peer_median(bandwidths, rank)
-        if median is not None and float(value) < fraction * median:
-            slow.append(rank)
-    return sorted(slow)
+    medians = peer_medians(bandwidths)
+    return sorted(rank for rank, median in medians.items()
+                  if float(bandwidths[rank]) < fraction * median)

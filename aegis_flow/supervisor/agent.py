@@ -43,6 +43,7 @@ from aegis_flow.supervisor.child import process_state
 from aegis_flow.supervisor.ckptwatch import Watch, newest_complete
 from aegis_flow.supervisor.inject import Injection, fired_marker
 from aegis_flow.supervisor.integrity import RESUME_LINK, checkpoint_number
+from aegis_flow.supervisor.keepalive import KeepAlives
 from aegis_flow.supervisor.prewarm import Zygote, start_zygote
 from aegis_flow.supervisor.resources import Sampler
 from aegis_flow.supervisor.saver import Saver, saver_env
@@ -257,6 +258,7 @@ class Supervisor:
         self._tasks: set[asyncio.Future[None]] = set()  # reports sent from a reader callback
         self.beats = BeatClock(cfg.heartbeat_interval)
         self.beat_every = cfg.heartbeat_interval  # longer in a large job (_beat_floor)
+        self.keepalives = KeepAlives()  # heartbeats that say nothing new, in short
         self.gpu_type = gpu_type()
         self.session: Any = None  # supervisor.creds.Session when --creds is given
         # what this worker is busy with, in words, and since when (heartbeats carry it: the
@@ -284,11 +286,13 @@ class Supervisor:
                          rank=self.cfg.rank, seq=max(seq, 0), incarnation=self.cfg.incarnation,
                          phase=self.phase.value, data=data, timestamp=time.time())
 
-    async def _publish(self, msg: p.Message) -> None:
+    async def _publish(self, msg: p.Message, raw: bytes | None = None) -> None:
+        """Send ``msg`` on our report subject (as ``raw`` when given: a keep-alive)."""
         if self.drop is not None and self.drop(msg):
             return
         with contextlib.suppress(Exception):
-            await self.nc.publish(self.subjects.master(self.cfg.rank), msg.encode())
+            await self.nc.publish(self.subjects.master(self.cfg.rank),
+                                  msg.encode() if raw is None else raw)
             await self.nc.flush(timeout=1)
 
     async def report(self, mtype: p.MsgType, data: dict[str, Any], *, seq: int) -> None:
@@ -302,8 +306,10 @@ class Supervisor:
         await self._publish(msg)
 
     async def heartbeat(self) -> None:
-        self.beats.beat(time.monotonic())
-        await self._publish(self._msg(p.MsgType.ACK, self.seq, self._beat_data()))
+        now = time.monotonic()
+        self.beats.beat(now)
+        msg = self._msg(p.MsgType.ACK, self.seq, self._beat_data())
+        await self._publish(msg, self.keepalives.compact(msg, now))
         if self.last_report is not None and self.last_report.seq == self.seq:
             await self._publish(self.last_report)  # repeat until the seq advances
 
@@ -379,6 +385,7 @@ class Supervisor:
         self.last_order_at = time.monotonic()
         self._heard_master()
         self._beat_floor(msg.data.get("beat_floor"))
+        self.keepalives.asked(msg.data.get("keepalive"))
         try:
             order = Order(msg.data.get("order", ""))
         except ValueError:

@@ -27,7 +27,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass, field
 
-from aegis_flow.master import policy
+from aegis_flow.master import machine, policy
 from aegis_flow.master.machine import (
     Ack,
     Broadcast,
@@ -101,6 +101,21 @@ def worker_seq_bound(s: Status) -> bool:
     return all(p.seq <= s.seq for p in s.workers)
 
 
+def keepalive_changes_nothing(s: Status) -> bool:
+    """KeepAliveChangesNothing: for every rank whose keep-alive the runtime would take without
+    ``step`` (``beat_changes_nothing``), ``step`` with that heartbeat returns the very status
+    and no effect: skipping it loses no decision."""
+    for pod in s.workers:
+        if pod.incarnation is None or not machine.beat_changes_nothing(
+                s, pod.rank, pod.incarnation, s.seq):
+            continue
+        new, effects = step(s, Ack(pod.rank, pod.incarnation, s.seq, node=pod.node,
+                                   pod_ip=pod.pod_ip))
+        if new is not s or effects:
+            return False
+    return True
+
+
 INVARIANTS: tuple[StateCheck, ...] = (
     ("ValidPhase", valid_phase),
     ("ValidInnerPhase", valid_inner_phase),
@@ -108,6 +123,7 @@ INVARIANTS: tuple[StateCheck, ...] = (
     ("RetriesBound", retries_bound),
     ("PhaseConsistency", phase_consistency),
     ("WorkerSeqNumBound", worker_seq_bound),
+    ("KeepAliveChangesNothing", keepalive_changes_nothing),
 )
 
 #: The invariants that read what the explorer's key may drop (each worker's reported seq): the
