@@ -38,3 +38,17 @@ def test_the_gpu_check_runs_every_step_on_cpu(tmp_path: Path) -> None:
     assert back is not None and 0 < float(back.group(1)) < 60, table
     assert re.search(r"init inside it .* \| ([\d.]+) s \|", table), table
     assert_nothing_left("aegis-gpu-check-")
+
+
+def test_only_a_slow_flag_with_every_collective_verified_is_measured_again() -> None:
+    """CI: the 2 CPU ranks of the collective bootcheck once flagged rank 1 slow (the cores are
+    shared); the bench measures again then, and only then."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_check import only_slow
+
+    ok = {"check_type": "allreduce_connection", "status": "pass"}
+    slow = {"check_type": "allreduce_performance", "status": "fail", "data": {"slow_ranks": [1]}}
+    assert only_slow([ok, slow, {**slow, "status": "pass"}]) == [1]
+    assert only_slow([ok, {**ok, "status": "pass"}]) == []  # nothing failed
+    assert only_slow([{**ok, "status": "fail"}, slow]) == []  # a collective failed too
+    assert only_slow([{"check_type": "allreduce_performance", "status": "timeout"}]) == []
