@@ -69,6 +69,10 @@ class MasterDefaults:
         "checkpoint), so a process stuck at exit cannot hold a finished job forever"))
     linger: float = field(default=5.0, metadata=_doc(
         "--linger", "seconds the master keeps re-sending its final order to laggards"))
+    keepalives: bool = field(default=True, metadata=_doc(
+        "--keepalives", "workers send a heartbeat that says nothing new as a short keep-alive, "
+        "with a full heartbeat (resources, node, activity) at least every 5 s (15 s for the "
+        "largest jobs); --no-keepalives sends every heartbeat in full"))
     jwt_lifetime: float = field(default=3600.0, metadata=_doc(
         "--jwt-lifetime", "seconds a worker's NATS credentials live (renewed at 2/3)"))
     revoke_grace: float = field(default=30.0, metadata=_doc(

@@ -12,7 +12,12 @@ sends on the subjects it sends them on (``Master.on_message``):
 * **ack fan-in**: every rank's first heartbeat (Pending → Bootchecking);
 * **FINISH fan-in**: every rank's FINISH ok of the bootcheck (→ RunCommand), with the saves
   the master makes (the quiet ones deferred, as in the real loop);
-* **heartbeat**: every rank's heartbeat in RunCommand, ``--rounds`` times (median per round).
+* **heartbeat**: every rank's full heartbeat in RunCommand, ``--rounds`` times (median per
+  round), with what a worker of 8 GPUs sends (``beats.numbers``; ``--payload bare``: without);
+* **keep-alive**: the same as keep-alives (``protocol.KeepAlive``; NaN in a tree without them);
+* **ticks**: one second of the loop's ticks (every 50 ms) right after every rank's sample came
+  (the slow-rank and anomaly rules read them all), then one second with none new;
+* **/metrics**: one render of everything a scrape returns, and its size.
 
 ``--compare DIR`` runs the same in another checkout of aegis-flow (a ``git worktree`` of an
 older commit) in a child process, alternating with this one, and prints both side by side.

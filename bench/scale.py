@@ -584,7 +584,7 @@ async def run_scenarios(res: Result, url: str, nats_pid: int, masters: Masters,
         m0, n0, h0 = cpu_seconds(pid()), cpu_seconds(nats_pid), cpu_seconds(os.getpid())
         in0, out0 = await asyncio.to_thread(nats_counts, monitor)
         rss_m, rss_n = [], []
-        scraped = w0
+        scraped = w0 - SCRAPE_EVERY + 1.0  # the first scrape 1 s in, then every SCRAPE_EVERY
         while time.monotonic() - w0 < args.steady:
             await asyncio.sleep(min(1.0, max(0.0, args.steady - (time.monotonic() - w0))))
             alive()

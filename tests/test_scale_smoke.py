@@ -40,6 +40,10 @@ def test_scale_harness_at_256_workers(tmp_path: Path) -> None:
     # the server's own counts (/varz): at least the heartbeats went in, and out to the master
     assert r["nats_in_per_s"] >= 0.8 * r["msgs_per_s"] and r["nats_out_per_s"] > 256
     assert r["unexpected_orders"] == []
+    # heartbeats carry what a worker of 8 GPUs sends; most go as keep-alives (a full one every
+    # 5 s); /metrics was read (as Prometheus would) and holds every rank's series
+    assert r["keepalive_share"] > 0.5, r["keepalive_share"]
+    assert r["scrapes"] >= 1 and r["scrape_bytes"] > 256 * 2000
     # 3. the fault: every worker held the troubleshoot order, then the restart
     assert r["next_order"] == "troubleshoot"
     assert 0 < r["fault_p50_s"] <= r["fault_p99_s"] <= r["fault_max_s"] < 30

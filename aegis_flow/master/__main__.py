@@ -81,10 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "before they count as lost rather than a control-plane outage (default "
                     f"{MASTER.outage_limit:g})")
     ap.add_argument("--linger", type=float, default=MASTER.linger)
-    ap.add_argument("--keepalives", action=argparse.BooleanOptionalAction, default=True,
-                    help="let the workers send heartbeats that say nothing new as short "
-                    "keep-alives, with a full heartbeat every 5-15 s (default on; "
-                    "--no-keepalives: every heartbeat in full, for comparison)")
+    ap.add_argument("--keepalives", action=argparse.BooleanOptionalAction,
+                    default=MASTER.keepalives, help=_help("keepalives"))
     ap.add_argument("--status-file", default="", help="write the final status here too")
     ap.add_argument("--decision-dir", default="",
                     help="on Argo: write the job's ending (files verdict, quarantined, message) "

@@ -63,7 +63,7 @@ class MasterConfig:
     finish_lag: float = MASTER.finish_lag  # still running this long after the first finished
     resumed: bool = False  # an operator resumed the job: every worker was started again (T8r)
     monitor: bool = True  # check the model's invariants on every live transition (monitor.py)
-    keepalives: bool = True  # orders ask for keep-alives (protocol.KeepAlive) between full beats
+    keepalives: bool = MASTER.keepalives  # orders ask for keep-alives (protocol.KeepAlive)
     linger: float = MASTER.linger  # after the end: keep re-sending the final order to laggards
     tick: float = 0.05
     rendezvous_addr: str = "127.0.0.1"
