@@ -210,16 +210,20 @@ class RssGrowth:
             else:
                 points = run.points  # thinned: too close to the last point kept
             cut = now - self.window
-            starts = [i for i, (t, _) in enumerate(points) if t <= cut]
-            if starts:
-                points = points[starts[-1]:]  # the baseline: last sample at/before the cut
-            mine[pid] = _Run(points, rss)
-            if not starts:
+            if points[0][0] > cut:  # not a whole window of history yet
+                mine[pid] = _Run(points, rss)
                 continue
+            first = 0  # the baseline: the last sample at or before the cut (points are in
+            while first + 1 < len(points) and points[first + 1][0] <= cut:  # time order)
+                first += 1
+            points = points[first:]
+            mine[pid] = _Run(points, rss)
             base = points[0][1]
             grown = rss - base
+            if grown <= self.min_bytes or grown <= self.fraction * base:
+                continue
             mid = [v for t, v in points if t <= now - self.window / 2][-1]
-            if grown <= self.min_bytes or grown <= self.fraction * base or not base < mid < rss:
+            if not base < mid < rss:
                 continue
             if key not in self.flagged:
                 found.append(Finding(rank, "rss_growth", (

@@ -161,10 +161,16 @@ def keepalive_every(workers: int) -> float:
     return round(min(15.0, max(5.0, workers / FULL_BEAT_BUDGET)), 3)
 
 
+#: seconds between two looks of the anomaly rules (anomaly.py) at the ranks' resource
+#: samples: their windows are 30 s (gpu_idle), 60 s (net_low) and 300 s (rss_growth), and a
+#: rank's sample is new once per full heartbeat (keepalive_every: 5-15 s)
+ANOMALY_EVERY = 5.0
+
+
 def observe_every(workers: int, lost_timeout: float) -> float:
-    """Seconds between two looks at every rank's latest forward time and resource sample (the
-    slow-rank and anomaly rules, whose windows are 30 s and more): the heartbeat interval, as
-    a rank's numbers are new once per beat, and never more often than once a second."""
+    """Seconds between two looks at every rank's latest forward time (the slow-rank rule,
+    whose window is a minute by default): the heartbeat interval, as a rank's numbers are new
+    once per beat, and never more often than once a second."""
     return max(1.0, beat_floor(workers, lost_timeout) or BEAT_DEFAULT)
 
 

@@ -189,7 +189,8 @@ class Master:
         self._intake: Any = None  # the subscription of the workers' reports (its backlog)
         self._backlog_said = 0.0
         self._scan_at = 0.0  # the next scan for silent ranks (tick)
-        self._observe_at = 0.0  # the next look at the slow and resource numbers (tick)
+        self._observe_at = 0.0  # the next look at the ranks' forward times (tick)
+        self._anomaly_at = 0.0  # ... and at their resource samples
         self._fresh_resources: set[int] = set()  # ranks whose sample came since that look
         # the quiet transitions not yet checked by the monitor: (status before the first,
         # the last event, how many)
@@ -808,12 +809,16 @@ class Master:
             return
         if await self._bound_the_finish(st, now):
             return
-        if now >= self._observe_at:  # O(N log N) over every rank's latest numbers: once per
-            # heartbeat interval (a rank's numbers are new once per beat), at least a second
-            # apart (run on every 50 ms tick they were most of a 4,096-rank master's time)
+        # O(N log N) over every rank's latest numbers (run on every 50 ms tick they were most
+        # of a 4,096-rank master's time): the slow-rank rule once per heartbeat interval (a
+        # rank's forward time is new once per beat), at least a second apart; the anomaly
+        # rules, whose windows are 30 s and more, every ANOMALY_EVERY seconds
+        if now >= self._observe_at:
             self._observe_at = now + policy.observe_every(self.cfg.workers,
                                                           self.cfg.lost_timeout)
             await self._watch_slow(st, now)
+        if now >= self._anomaly_at:
+            self._anomaly_at = now + policy.ANOMALY_EVERY
             self._watch_resources(st, now)
         if self.security is not None:
             self._count_refusals(self.security.counters())
@@ -836,6 +841,9 @@ class Master:
         # the scan is O(N): four times a second at most (at 4,096 ranks, every 50 ms tick
         # cost more than the heartbeats themselves)
         self._scan_at = now + min(0.25, self.cfg.lost_timeout / 8)
+        if len(self.last_seen) == len(st.workers) and \
+                now - min(self.last_seen.values()) <= self.cfg.lost_timeout:
+            return  # every rank was heard within the lost timeout (a min in C, not a walk)
         silent = {pod.rank: now - self.last_seen.get(pod.rank, self.started)
                   for pod in st.workers if pod.incarnation is not None and not pod.restarting}
         silent = {r: t for r, t in silent.items() if t > self.cfg.lost_timeout}
