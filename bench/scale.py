@@ -459,9 +459,11 @@ def stop_proc(proc: subprocess.Popen[bytes] | None) -> None:
 
 async def settle(tap: KvTap, fleet: Fleet, timeout: float, alive: Callable[[], None]) -> None:
     """Until the master's store is quiet: no put for two heartbeat intervals (every worker's
-    beat with the newest seq has landed and been stored)."""
+    beat with the newest seq has landed and been stored), plus a second per 2,048 workers: the
+    master saves a round's quiet transitions up to four times the last save's duration later,
+    and at 8,192 ranks a save of a round takes most of a second."""
     deadline = time.monotonic() + timeout
-    quiet_for = 2 * fleet.heartbeat + 0.5
+    quiet_for = 2 * fleet.heartbeat + 0.5 + fleet.n / 2048
     last, since = tap.puts, time.monotonic()
     while time.monotonic() - since < quiet_for:
         alive()
