@@ -44,6 +44,16 @@ WAIT = "wait"  # Argo's executor container: stands for itself, not run as a proc
 VAR_RUN_ARGO = "/var/run/argo"  # common.VarRunArgoPath: the executor's shared volume
 PROGRESS_FILE = VAR_RUN_ARGO + "/progress"  # common.ArgoProgressPath
 ARGOSAY_IMAGE = re.compile(r"^(docker\.io/)?argoproj/argosay:v2$")
+
+
+def hidden_by_tmp() -> tuple[str, ...]:
+    """This checkout and the running interpreter's prefix when they lie under ``/tmp``: every
+    container has a ``/tmp`` of its own, which would hide them, and the commands a pod runs
+    come from this checkout and this interpreter (a clean clone in ``/tmp`` failed every
+    rehearsal pod). Each is bound into the container again, read-only, at its own path."""
+    checkout = str(Path(__file__).resolve().parents[3])
+    candidates = {checkout, sys.prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    return tuple(sorted(p for p in candidates if p.startswith("/tmp/")))
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -313,6 +323,7 @@ class PodRun:
                                             "readOnly": True}]
         for path, src in self.ctx.image_mounts:
             mounts.append({"path": path, "source": src, "readOnly": True})
+        mounts += [{"path": path, "source": path, "readOnly": True} for path in hidden_by_tmp()]
         if self.ctx.progress_ticks is not None and self.main is not None:
             mounts.append({"path": VAR_RUN_ARGO, "source": str(self._var_run_argo())})
         sa = str(self.spec.get("serviceAccountName") or "default")
