@@ -195,3 +195,19 @@ def test_cli_json_tree_and_picture(tmp_path: Path) -> None:
                           str(REPO / "tests/argo_cases/basic.yaml")],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "Succeeded" in res.stdout and "STEP" in res.stdout
+
+
+def test_a_checkout_or_interpreter_under_tmp_is_bound_into_every_container(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every container's /tmp is its own; a clean clone in /tmp (its venv, its code) would be
+    hidden from the pods that run its commands. Those paths are bound in again, and only
+    those (a checkout elsewhere needs nothing)."""
+    from aegis_flow.argo.rehearse import pods
+
+    checkout = str(Path(pods.__file__).resolve().parents[3])
+    monkeypatch.setattr(sys, "prefix", "/tmp/clone/.venv")
+    got = pods.hidden_by_tmp()
+    assert "/tmp/clone/.venv" in got
+    assert (checkout in got) == checkout.startswith("/tmp/")
+    monkeypatch.setattr(sys, "prefix", "/opt/venv")
+    assert all(p.startswith("/tmp/") for p in pods.hidden_by_tmp())
