@@ -50,7 +50,8 @@ def hidden_by_tmp() -> tuple[str, ...]:
     """This checkout and the running interpreter's prefix when they lie under ``/tmp``: every
     container has a ``/tmp`` of its own, which would hide them, and the commands a pod runs
     come from this checkout and this interpreter (a clean clone in ``/tmp`` failed every
-    rehearsal pod). Each is bound into the container again, read-only, at its own path."""
+    rehearsal pod). Each is seen in the container again at its own path, through an overlay
+    as every other host directory is (writes stay in the container)."""
     checkout = str(Path(__file__).resolve().parents[3])
     candidates = {checkout, sys.prefix, os.path.dirname(os.path.realpath(sys.executable))}
     return tuple(sorted(p for p in candidates if p.startswith("/tmp/")))
@@ -323,7 +324,8 @@ class PodRun:
                                             "readOnly": True}]
         for path, src in self.ctx.image_mounts:
             mounts.append({"path": path, "source": src, "readOnly": True})
-        mounts += [{"path": path, "source": path, "readOnly": True} for path in hidden_by_tmp()]
+        mounts += [{"path": path, "source": path, "readOnly": True, "overlay": True}
+                   for path in hidden_by_tmp()]
         if self.ctx.progress_ticks is not None and self.main is not None:
             mounts.append({"path": VAR_RUN_ARGO, "source": str(self._var_run_argo())})
         sa = str(self.spec.get("serviceAccountName") or "default")

@@ -11,7 +11,9 @@ new mount namespace it builds a root for the container under ``SPEC.root``:
   directories on the way to a mount path, which are made as real directories and filled the
   same way one level down (so a mount at ``/var/run/aegis/auth`` never creates anything on the
   host), and symlinks, which are copied as symlinks;
-* the container's own ``/tmp`` (a fresh directory per container, as an image's ``/tmp`` is);
+* the container's own ``/tmp`` (a fresh directory per container, as an image's ``/tmp`` is),
+  and in it, through an overlay as above (a mount with ``overlay``), the host directories a
+  pod needs that lie under the host's ``/tmp`` (a checkout and its interpreter there);
 * the pod's volumes at their ``mountPath`` (``emptyDir`` directories shared by the pod's
   containers, Secret files), read-only where the spec says so, and the image stand-in's files;
 
@@ -103,6 +105,10 @@ def build_root(root: str, mounts: list[dict[str, object]], layers: str) -> None:
     os.makedirs(root, exist_ok=True)
     _populate("/", root, shadowed, set(paths), layers)
     for m, path in sorted(zip(mounts, paths, strict=True), key=lambda mp: mp[1].count("/")):
+        if m.get("overlay"):  # a host directory seen as the others are: through its own layer
+            os.makedirs(root + path, exist_ok=True)
+            if _overlay(str(m["source"]), root + path, layers):
+                continue
         _bind(str(m["source"]), root + path, read_only=bool(m.get("readOnly")))
 
 
