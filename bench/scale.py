@@ -10,8 +10,24 @@ keeps heartbeating) and silence after quit/exit. Workers share NATS connections
 (``--per-conn`` workers each, 256 by default); each publishes on its own report subject
 ``Subjects.master(rank)`` and is subscribed to ``Subjects.worker(rank)``; a connection has one
 subscription to the broadcast subject for all of its workers. The master is the real
-``python -m aegis_flow.master`` process (no credentials), the server a real nats-server
-(``EmbeddedNats``), both on this machine.
+``python -m aegis_flow.master`` process, the server a real nats-server (``EmbeddedNats``), both
+on this machine.
+
+Without ``--creds`` the server runs without authentication. With ``--creds`` it runs as a job
+does by default (``aegis-flow run``): operator mode, the master serving ``SyncWorkerCreds`` over
+gRPC; every simulated worker fetches its own credentials as ``aegis-flow worker-init`` does
+(``security/worker_init.fetch``: a new NKey, the job's bootstrap token; ``--mint-threads``
+calls at once) and connects with them on a connection of its own (a worker's user may publish
+only its own report subject, so workers cannot share one): N connections, N JWTs the server
+checked. Measured besides: the N grants (wall time, p50/p99 per call, the master's CPU
+seconds), and in scenario 4 the replacement's own grant, given once the master holds its
+rank lost (the dead pod's connection is closed when it falls silent).
+
+One harness process then reads N copies of every broadcast and answers on N connections: on
+this 2-core machine it takes as much CPU in a round as the master and the server together.
+Copies of one broadcast are decoded once (real workers decode theirs at once, each on its own
+machine), and ``--loop uvloop`` runs the harness on uvloop; the CPU seconds each process
+spent in the fault round are reported, so it shows where the time of a round went.
 
 Scenarios, for each N of ``--workers``:
 
@@ -86,12 +102,15 @@ import nats  # noqa: E402
 from aegis_flow import protocol as p  # noqa: E402
 from aegis_flow.local.natsserver import EmbeddedNats  # noqa: E402
 from aegis_flow.master.store import STATUS_KEY, KVStore, decode_doc, status_to_dict  # noqa: E402
+from aegis_flow.supervisor.creds import Session  # noqa: E402
 from aegis_flow.supervisor.keepalive import KeepAlives  # noqa: E402
 
 _VENV_PY = ROOT / ".venv" / "bin" / "python"
 PYTHON = str(_VENV_PY) if _VENV_PY.exists() else sys.executable
 JOB, NAMESPACE = "scale", "default"
-TICKS = 10  # heartbeat slots per interval: a connection publishes 1/TICKS of its workers a tick
+TICKS = 10  # heartbeat slots per interval: a beat task publishes 1/TICKS of its workers a tick
+BEAT_GROUP = 256  # workers per beat task at least (with --creds a connection holds one worker)
+CONNECTING = 64  # connections opened at once
 CLK = os.sysconf("SC_CLK_TCK")
 SCRAPE_EVERY = 15.0  # seconds between /metrics reads in the steady state (Prometheus's default)
 
@@ -168,9 +187,12 @@ class Fleet:
     """N simulated workers on ceil(N / per_conn) NATS connections."""
 
     def __init__(self, url: str, n: int, per_conn: int, heartbeat: float, *,
-                 payload: str = "full") -> None:
+                 payload: str = "full",
+                 options: Callable[[int], dict[str, Any]] | None = None) -> None:
         self.url, self.n, self.per_conn, self.heartbeat = url, n, per_conn, heartbeat
         self.payload = payload
+        # nats.connect options of the connection whose first worker is rank R (credentials)
+        self.options = options
         self.base_heartbeat = heartbeat
         self.subjects = p.Subjects(NAMESPACE, JOB)
         self.workers = [Worker(r) for r in range(n)]
@@ -180,23 +202,34 @@ class Fleet:
         self.published = 0  # messages sent to the master
         self.keepalives = 0  # ... of them heartbeats sent as keep-alives
         self.bad_orders = 0
+        self._decoded: dict[bytes, p.Message] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.beating = False
         self.paused = False  # while the master is swapped (scenario 5): no worker beats
 
     async def connect(self) -> None:
-        for start in range(0, self.n, self.per_conn):
-            group = self.workers[start:start + self.per_conn]
-            nc = await nats.connect(self.url, max_reconnect_attempts=-1,
-                                    pending_size=64 * 1024 * 1024)
-            self.conns.append(nc)
-            self.groups.append(group)
-            await nc.subscribe(self.subjects.broadcast,
-                               cb=self._on_order(nc, group), pending_msgs_limit=-1)
-            for w in group:
-                await nc.subscribe(self.subjects.worker(w.rank), cb=self._on_order(nc, [w]),
-                                   pending_msgs_limit=-1)
-            await nc.flush()
+        """Every connection, CONNECTING at once at a time (N connections with --creds)."""
+        starts = list(range(0, self.n, self.per_conn))
+        for i in range(0, len(starts), CONNECTING):
+            self.conns += await asyncio.gather(*(self.open(s) for s in starts[i:i + CONNECTING]))
+        self.groups = [self.workers[s:s + self.per_conn] for s in starts]
+
+    async def open(self, start: int) -> Any:
+        """The connection of workers start.. start+per_conn, subscribed to their orders."""
+        group = self.workers[start:start + self.per_conn]
+        nc = await nats.connect(self.url, max_reconnect_attempts=-1,
+                                pending_size=64 * 1024 * 1024,
+                                **(self.options(start) if self.options else {}))
+        await nc.subscribe(self.subjects.broadcast,
+                           cb=self._on_order(nc, group), pending_msgs_limit=-1)
+        for w in group:
+            await nc.subscribe(self.subjects.worker(w.rank), cb=self._on_order(nc, [w]),
+                               pending_msgs_limit=-1)
+        await nc.flush()
+        return nc
+
+    def conn_of(self, rank: int) -> Any:
+        return self.conns[rank // self.per_conn]
 
     def _msg(self, w: Worker, mtype: p.MsgType, seq: int, data: dict[str, Any]) -> bytes:
         return p.Message(job=JOB, namespace=NAMESPACE, pod_name=f"{JOB}-worker-{w.rank}",
@@ -231,11 +264,24 @@ class Fleet:
         await nc.publish(self.subjects.master(w.rank), raw)
         self.published += 1
 
+    def _decode(self, raw: bytes) -> p.Message:
+        """An order as a worker decodes it. The copies of one broadcast that N connections
+        receive are the same bytes: decoded once (N real workers decode theirs at once, each on
+        its own machine; one harness process decoding N copies in turn would add its own
+        delay to the fan-out it measures). Read-only: no callback changes a message."""
+        msg = self._decoded.get(raw)
+        if msg is None:
+            msg = p.decode(raw, job=JOB, namespace=NAMESPACE)
+            if len(self._decoded) >= 64:
+                self._decoded.clear()
+            self._decoded[raw] = msg
+        return msg
+
     def _on_order(self, nc: Any, group: list[Worker]) -> Callable[[Any], Any]:
         async def cb(m: Any) -> None:
             now = time.monotonic()
             try:
-                msg = p.decode(m.data, job=JOB, namespace=NAMESPACE)
+                msg = self._decode(m.data)
             except p.ProtocolError:
                 self.bad_orders += 1
                 return
@@ -276,7 +322,7 @@ class Fleet:
         """Rank ``rank``'s command failed: an ERROR for its current (run) seq, repeated with its
         heartbeats until a new order comes (as the supervisor does)."""
         w = self.workers[rank]
-        nc = self.conns[rank // self.per_conn]
+        nc = self.conn_of(rank)
         raw = self._msg(w, p.MsgType.ERROR, w.seq, {
             "cause": "simulated failure", "exit_code": 1, "tail": ["RuntimeError: simulated"]})
         w.last_report, w.report_seq = raw, w.seq
@@ -284,11 +330,16 @@ class Fleet:
         await nc.flush()
 
     def start_beats(self) -> None:
+        """A beat task per BEAT_GROUP workers or per connection, whichever holds more: each
+        worker publishes on its own connection (the one of its rank, looked up every beat: a
+        replacement's is new)."""
         self.beating = True
-        for nc, group in zip(self.conns, self.groups, strict=True):
-            self._tasks.append(asyncio.ensure_future(self._beats(nc, group)))
+        size = max(self.per_conn, BEAT_GROUP)
+        for start in range(0, self.n, size):
+            self._tasks.append(asyncio.ensure_future(
+                self._beats(self.workers[start:start + size])))
 
-    async def _beats(self, nc: Any, group: list[Worker]) -> None:
+    async def _beats(self, group: list[Worker]) -> None:
         slots = [group[i::TICKS] for i in range(TICKS)]
         next_at = time.monotonic()
         i = 0
@@ -297,6 +348,7 @@ class Fleet:
             for w in slots[i % TICKS]:
                 if w.gone or self.paused:
                     continue
+                nc = self.conn_of(w.rank)
                 await self._publish(nc, w, self._beat(w))
                 if w.first_beat is None:
                     w.first_beat = time.monotonic()
@@ -373,11 +425,15 @@ class Result:
     unexpected_orders: list[str] = field(default_factory=list)
     # scenario 3
     next_order: str = ""
+    fault_first_s: float = float("nan")  # the fault → the first worker holds the next order
     fault_p50_s: float = float("nan")  # the fault → a worker holds the next order
     fault_p99_s: float = float("nan")
     fault_max_s: float = float("nan")
     troubleshoot_round_s: float = float("nan")  # troubleshoot at all → run at all
     fault_to_restart_s: float = float("nan")  # the fault → run order at every worker
+    restart_p50_s: float = float("nan")  # the fault → a worker holds the restart (run) order
+    restart_p99_s: float = float("nan")
+    fault_cpu_s: list[float] = field(default_factory=list)  # in it: master, nats, harness
     # scenario 4
     node_lost_s: float = float("nan")  # rank 1 falls silent → hold at every live worker
     replace_to_run_s: float = float("nan")  # the new pod's first beat → run at every worker
@@ -397,6 +453,14 @@ class Result:
     max_put_bytes: int = 0  # the largest single put
     seq_end: int = 0  # the order seq (transitions that sent an order) at the end
     master_rss_end_mib: float = float("nan")
+    # --creds: every worker's grant (SyncWorkerCreds over gRPC) before it connects
+    creds: bool = False
+    mint_s: float = float("nan")  # the N grants, --mint-threads at once
+    mint_p50_s: float = float("nan")  # one call
+    mint_p99_s: float = float("nan")
+    mint_master_cpu_s: float = float("nan")  # the master's CPU seconds over the N grants
+    replace_mint_s: float = float("nan")  # scenario 4: the replacement's grant (one call)
+    anonymous_refused: bool = False  # a connection without credentials was refused
     # every --sample seconds from the first heartbeat: [s, KV puts, KV KiB, master CPU %
     # over the interval, master RSS MiB]: where the time goes when a round is slow
     timeline: list[list[float]] = field(default_factory=list)
@@ -431,6 +495,78 @@ async def stored_status(nc: Any, bucket: str) -> tuple[dict[str, Any], int]:
     raw, _ = await KVStore(kv).load()
     job = await kv.get(STATUS_KEY)
     return status_to_dict(decode_doc(raw or b"")[0]), len(job.value or b"")
+
+
+@dataclass(frozen=True)
+class Secure:
+    """A job in operator mode (--creds): its auth dir, bootstrap token and the master's gRPC
+    address."""
+
+    auth: Path
+    token: str
+    grpc: str
+
+    def master_args(self, work: Path) -> list[str]:
+        from aegis_flow.security.tokens import write_token
+
+        token_file = write_token(work / "token", self.token)
+        return ["--auth-dir", str(self.auth), "--token-file", str(token_file),
+                "--grpc-listen", self.grpc]
+
+    def harness_options(self, subjects: p.Subjects) -> dict[str, Any]:
+        """The harness's own user: the master's permissions (it reads the KV) and the bucket's
+        subjects (the KV tap)."""
+        from aegis_flow.security import natsjwt as nj
+        from aegis_flow.security.issuer import master_permissions
+        from aegis_flow.security.operator import load, user_options
+
+        perms = master_permissions(subjects)
+        return user_options(load(self.auth), nj.Permissions(
+            pub=perms.pub, sub=(*perms.sub, f"$KV.{subjects.kv_bucket}.>")),
+            name="scale-harness", now=time.time(), lifetime=3 * 3600)
+
+    def grant(self, rank: int, timeout: float) -> tuple[Any, float]:
+        """Rank ``rank``'s credentials as worker-init fetches them (a new NKey, the bootstrap
+        token, SyncWorkerCreds), and how long the call took. The master refuses a rank it
+        holds alive (UNAVAILABLE): asked again until ``timeout``."""
+        from aegis_flow.security import worker_init as wi
+
+        cfg = wi.InitConfig(master=self.grpc, job=JOB, namespace=NAMESPACE, worker=str(rank),
+                            token=self.token, out=Path(os.devnull), deadline=min(timeout, 20.0),
+                            retries=max(1, int(timeout / 0.25)))
+        t = time.monotonic()
+        try:
+            creds = wi.fetch(cfg, sleep=lambda s: time.sleep(min(s, 0.25)))
+        except wi.InitError as exc:
+            raise BenchError(f"rank {rank}'s credentials: {exc}") from None
+        return creds, time.monotonic() - t
+
+
+async def refused(url: str) -> bool:
+    """Whether the server refuses a connection without credentials."""
+    async def quiet(_exc: Exception) -> None:
+        pass
+
+    try:
+        nc = await nats.connect(url, allow_reconnect=False, connect_timeout=5,
+                                max_reconnect_attempts=0, error_cb=quiet)
+    except Exception:  # noqa: BLE001 - nats-py raises several kinds for a refused connect
+        return True
+    await nc.close()
+    return False
+
+
+async def grant_all(secure: Secure, n: int, threads: int, timeout: float
+                    ) -> tuple[list[Any], list[float], float]:
+    """Every rank's credentials, ``threads`` calls at once: (creds, seconds per call, wall)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    loop = asyncio.get_running_loop()
+    t = time.monotonic()
+    with ThreadPoolExecutor(threads) as pool:
+        got = await asyncio.gather(*(loop.run_in_executor(pool, secure.grant, r, timeout)
+                                     for r in range(n)))
+    return [c for c, _ in got], [d for _, d in got], time.monotonic() - t
 
 
 def pdeathsig() -> Callable[[], None] | None:
@@ -502,7 +638,7 @@ async def ready(url: str, timeout: float, alive: Callable[[], None]) -> None:
                 if resp.status == 200:
                     return
         await asyncio.sleep(0.02)
-    raise BenchError(f"the restarted master was not ready within {timeout:.0f} s")
+    raise BenchError(f"the master was not ready within {timeout:.0f} s")
 
 
 class Masters:
@@ -535,10 +671,26 @@ class Masters:
 
 
 async def run_scenarios(res: Result, url: str, nats_pid: int, masters: Masters,
-                        args: argparse.Namespace, monitor: str) -> None:
+                        args: argparse.Namespace, monitor: str,
+                        secure: Secure | None = None) -> None:
     subjects = p.Subjects(NAMESPACE, JOB)
-    fleet = Fleet(url, res.n, args.per_conn, args.heartbeat, payload=args.payload)
-    mon = await nats.connect(url)
+    sessions: list[Any] = []
+    if secure is not None:  # every worker's own grant first, as worker-init before the pod
+        res.creds = True
+        await ready(masters.url, args.timeout, masters.alive)  # its gRPC server is up
+        c0 = cpu_seconds(masters.proc.pid) if masters.proc else 0.0
+        got, took, res.mint_s = await grant_all(secure, res.n, args.mint_threads, args.timeout)
+        masters.alive()
+        assert masters.proc is not None
+        res.mint_master_cpu_s = cpu_seconds(masters.proc.pid) - c0
+        res.mint_p50_s, res.mint_p99_s = statistics.median(took), pct(took, 99)
+        sessions = [Session(c) for c in got]
+    fleet = Fleet(url, res.n, 1 if secure else args.per_conn, args.heartbeat,
+                  payload=args.payload,
+                  options=(lambda r: sessions[r].connect_options()) if secure else None)
+    mon = await nats.connect(url, **(secure.harness_options(subjects) if secure else {}))
+    if secure is not None:  # the server really asks for credentials
+        res.anonymous_refused = await refused(url)
     tap = KvTap()
     await tap.start(mon, subjects.kv_bucket)
     alive = masters.alive
@@ -617,6 +769,7 @@ async def run_scenarios(res: Result, url: str, nats_pid: int, masters: Masters,
                              "(the master lost workers?)")
         # -- 3. one fault ---------------------------------------------------------------------
         run_seq = fleet.workers[0].seq
+        cpu0 = [cpu_seconds(pid()), cpu_seconds(nats_pid), cpu_seconds(os.getpid())]
         tf = time.monotonic()
         await fleet.report_error(res.n - 1)
         await fleet.wait(lambda w: w.seq > run_seq, args.timeout, "the order after the fault",
@@ -628,6 +781,7 @@ async def run_scenarios(res: Result, url: str, nats_pid: int, masters: Masters,
         if len(lat) != res.n:  # a worker jumped past it (a newer order came first)
             raise BenchError(f"only {len(lat)} of {res.n} workers held order {nxt}")
         res.fault_p50_s, res.fault_p99_s = statistics.median(lat), pct(lat, 99)
+        res.fault_first_s = min(lat)
         res.fault_max_s = max(lat)
         await fleet.wait(lambda w: w.order == "run" and w.seq > nxt, args.timeout,
                          "the restart (run) order", alive)
@@ -635,6 +789,10 @@ async def run_scenarios(res: Result, url: str, nats_pid: int, masters: Masters,
                                    if s > nxt and o.order == "run")]
         res.troubleshoot_round_s = max(restart.at.values()) - max(fleet.orders[nxt].at.values())
         res.fault_to_restart_s = max(restart.at.values()) - tf
+        back_at = [t - tf for t in restart.at.values()]
+        res.restart_p50_s, res.restart_p99_s = statistics.median(back_at), pct(back_at, 99)
+        res.fault_cpu_s = [b - a for a, b in zip(cpu0, [cpu_seconds(pid()), cpu_seconds(nats_pid),
+                                                       cpu_seconds(os.getpid())], strict=True)]
         await settle(tap, fleet, args.timeout, alive)  # the beats carrying the new seq
         puts3, bytes3, jobs3 = tap.snap()
         res.puts_fault, res.bytes_fault, res.saves_fault = (puts3 - puts2, bytes3 - bytes2,
@@ -645,10 +803,18 @@ async def run_scenarios(res: Result, url: str, nats_pid: int, masters: Masters,
         victim = 1 % res.n
         fleet.workers[victim].gone = True
         tl = time.monotonic()
+        if secure is not None:  # its node is gone, and with it the pod's own connection
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(fleet.conn_of(victim).close(), 5)
         await fleet.wait(lambda w: w.gone or (w.order == "hold" and w.seq > run_seq),
                          args.timeout, "the hold order after a lost rank", alive)
         hold = min(s for s, o in fleet.orders.items() if s > run_seq and o.order == "hold")
         res.node_lost_s = max(fleet.orders[hold].at.values()) - tl
+        if secure is not None:  # the new pod's worker-init: a new key, granted now it is lost
+            creds, res.replace_mint_s = await asyncio.to_thread(secure.grant, victim,
+                                                                args.timeout)
+            sessions[victim] = Session(creds)
+            fleet.conns[victim] = await fleet.open(victim)
         fresh = fleet.replace(victim)
         await fleet.wait(lambda w: w.order == "run" and w.seq > hold, args.timeout,
                          "the run order after the replacement", alive)
@@ -709,12 +875,22 @@ def run_one(n: int, args: argparse.Namespace, base: Path) -> Result:
     res = Result(n)
     work = base / f"n{n}"
     work.mkdir(parents=True)
+    secure: Secure | None = None
+    config: Path | None = None
+    if args.creds:  # operator mode, as `aegis-flow run` by default
+        from aegis_flow.security.operator import bootstrap
+        from aegis_flow.security.tokens import new_token
+
+        auth = bootstrap(work / "auth")
+        config = auth.write_server_config()
+        secure = Secure(auth.path, new_token(), f"127.0.0.1:{free_port()}")
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1"}
     with socket.socket() as sock:  # the server's monitoring port (/varz: its message counts)
         sock.bind(("127.0.0.1", 0))
         mport = sock.getsockname()[1]
-    with EmbeddedNats(work / "nats", extra_args=["-m", str(mport)]) as server:
+    with EmbeddedNats(work / "nats", config_file=config,
+                      extra_args=["-m", str(mport)]) as server:
         masters = Masters(
             [PYTHON, "-m", "aegis_flow.master", "--job", JOB, "--namespace", NAMESPACE,
              "--workers", str(n), "--nats-url", server.url,
@@ -722,12 +898,19 @@ def run_one(n: int, args: argparse.Namespace, base: Path) -> Result:
              str(args.lost_timeout), "--replace-timeout", str(args.timeout),
              "--metrics-addr", "127.0.0.1",
              "--status-file", str(work / "status.json"), "--log-level", args.master_log_level,
-             *([] if args.keepalives else ["--no-keepalives"])],
+             *([] if args.keepalives else ["--no-keepalives"]),
+             *(secure.master_args(work) if secure else [])],
             work, env)
         try:
             masters.start()
-            asyncio.run(run_scenarios(res, server.url, server.pid, masters, args,
-                                      f"http://127.0.0.1:{mport}"))
+            coro = run_scenarios(res, server.url, server.pid, masters, args,
+                                 f"http://127.0.0.1:{mport}", secure)
+            if args.loop == "uvloop":
+                import uvloop
+
+                uvloop.run(coro)
+            else:
+                asyncio.run(coro)
         except BenchError as exc:
             res.error = str(exc)
             lines = masters.log.read_text(errors="replace").splitlines()
@@ -748,12 +931,15 @@ def _f(x: float, digits: int = 2) -> str:
 
 
 ROUND_HEADER = ["N", "conns", "acks→bootcheck at all (s)", "bootcheck round (s)",
-                "fault→next order p50 (s)", "p99 (s)", "max (s)", "troubleshoot round (s)",
-                "fault→restart at all (s)"]
+                "fault→next order first (s)", "p50 (s)", "p99 (s)", "max (s)",
+                "troubleshoot round (s)", "fault→restart p50 (s)", "p99 (s)", "at all (s)",
+                "CPU s in it: master / nats / harness"]
 STEADY_HEADER = ["N", "msgs/s in", "keep-alives", "master CPU %", "master RSS MiB", "nats CPU %",
                  "nats RSS MiB", "nats msgs/s in", "nats msgs/s out", "harness CPU %"]
 STORE_HEADER = ["N", "job record KiB", "KV puts connect+boot", "MiB", "KV puts steady", "KiB",
                 "KV puts fault→restart", "KiB", "saves", "KiB per save", "largest put KiB"]
+CREDS_HEADER = ["N", "grants (s)", "one grant p50 (s)", "p99 (s)", "master CPU s",
+                "replacement's grant (s)"]
 RESILIENCE_HEADER = ["N", "rank silent→hold at all (s)", "new pod's first beat→run at all (s)",
                      "master SIGKILL→new master ready (s)", "rebuilt status = stored",
                      "orders after the resume"]
@@ -761,8 +947,11 @@ RESILIENCE_HEADER = ["N", "rank silent→hold at all (s)", "new pod's first beat
 
 def round_rows(results: Sequence[Result]) -> list[list[str]]:
     return [[str(r.n), str(r.connections), _f(r.ack_fanin_s), _f(r.bootcheck_round_s),
-             _f(r.fault_p50_s, 3), _f(r.fault_p99_s, 3), _f(r.fault_max_s, 3),
-             _f(r.troubleshoot_round_s), _f(r.fault_to_restart_s)] for r in results]
+             _f(r.fault_first_s, 3), _f(r.fault_p50_s, 3), _f(r.fault_p99_s, 3),
+             _f(r.fault_max_s, 3),
+             _f(r.troubleshoot_round_s), _f(r.restart_p50_s), _f(r.restart_p99_s),
+             _f(r.fault_to_restart_s),
+             " / ".join(_f(x, 1) for x in r.fault_cpu_s) or "-"] for r in results]
 
 
 def steady_rows(results: Sequence[Result]) -> list[list[str]]:
@@ -787,11 +976,18 @@ def resilience_rows(results: Sequence[Result]) -> list[list[str]]:
              str(len(r.resume_orders)) if r.ok else "-"] for r in results]
 
 
+def creds_rows(results: Sequence[Result]) -> list[list[str]]:
+    return [[str(r.n), _f(r.mint_s), _f(r.mint_p50_s, 3), _f(r.mint_p99_s, 3),
+             _f(r.mint_master_cpu_s, 1), _f(r.replace_mint_s, 2)] for r in results if r.creds]
+
+
 def render_all(results: Sequence[Result], *, markdown: bool) -> str:
     parts = [tables.render(ROUND_HEADER, round_rows(results), markdown=markdown), "",
              tables.render(STEADY_HEADER, steady_rows(results), markdown=markdown), "",
              tables.render(STORE_HEADER, store_rows(results), markdown=markdown), "",
              tables.render(RESILIENCE_HEADER, resilience_rows(results), markdown=markdown)]
+    if any(r.creds for r in results):
+        parts += ["", tables.render(CREDS_HEADER, creds_rows(results), markdown=markdown)]
     errors = [f"N={r.n}: {r.error}" for r in results if r.error]
     if errors:
         parts += ["", "Failed:", *errors]
@@ -824,7 +1020,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="the master asks for keep-alives between full heartbeats (default; "
                          "--no-keepalives: every heartbeat in full, as before 2026-12-04)")
     ap.add_argument("--per-conn", type=int, default=256,
-                    help="simulated workers per NATS connection (default 256)")
+                    help="simulated workers per NATS connection (default 256; 1 with --creds)")
+    ap.add_argument("--creds", action="store_true",
+                    help="operator mode, as a job by default: every worker fetches its own "
+                         "credentials from the master (SyncWorkerCreds) and connects with them "
+                         "on a connection of its own")
+    ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
+                    help="the harness's own event loop (uvloop: less of the machine for "
+                         "simulating N connections; needs `pip install uvloop`)")
+    ap.add_argument("--mint-threads", type=int, default=32,
+                    help="with --creds: credential fetches at once (default 32)")
     ap.add_argument("--lost-timeout", type=float, default=3.0,
                     help="the master's --lost-timeout (default 3, the master's)")
     ap.add_argument("--timeout", type=float, default=120.0,
@@ -837,7 +1042,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", help="write the tables here (markdown, with date and machine)")
     ap.add_argument("--json", help="write the raw numbers here (JSON)")
     args = ap.parse_args(argv)
-    sizes = [int(x) for x in args.workers.split(",") if x.strip()]
+    try:
+        sizes = [int(x) for x in args.workers.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--workers: a comma-separated list of worker counts, not {args.workers!r}")
+    if not sizes or min(sizes) < 2:
+        ap.error("--workers: every count must be at least 2 (scenario 4 replaces rank 1)")
+    if args.loop == "uvloop":
+        import importlib.util
+
+        if importlib.util.find_spec("uvloop") is None:
+            ap.error("--loop uvloop: uvloop is not installed here (pip install uvloop; the "
+                     "project's dev extra has it)")
+    for name in ("per_conn", "mint_threads"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
     base = Path(tempfile.mkdtemp(prefix="aegis-scale-"))
     results: list[Result] = []
     try:
@@ -860,11 +1079,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=1))
     if args.out:
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        per_conn = 1 if args.creds else args.per_conn
         cmd = " ".join(["python", "bench/scale.py", *(argv if argv is not None else
                                                       sys.argv[1:])])
         Path(args.out).write_text(
             f"`{cmd}` — {stamp}, {machine()}; heartbeat {args.heartbeat} s, steady "
-            f"{args.steady:.0f} s, {args.per_conn} workers per connection, master "
+            f"{args.steady:.0f} s, {per_conn} worker{'s' if per_conn > 1 else ''} per "
+            f"connection{', credentials' if args.creds else ''}, harness loop {args.loop}, "
+            f"master "
             f"--lost-timeout {args.lost_timeout}\n\n"
             + render_all(results, markdown=True) + "\n")
     return 0 if all(r.ok for r in results) else 1

@@ -60,3 +60,36 @@ def test_scale_harness_at_256_workers(tmp_path: Path) -> None:
     # 5. a master killed with SIGKILL: the next one rebuilt the very status from the store
     assert r["resume_same_status"] is True and r["resume_orders"] == []
     assert 0 < r["resume_ready_s"] < 30
+
+
+def test_scale_harness_with_credentials_at_128_workers(tmp_path: Path) -> None:
+    """--creds: operator mode; every worker fetched its own credentials from the master over
+    gRPC and connected with them on a connection of its own, the replacement got a new grant
+    once its rank was lost, and all five scenarios ran."""
+    out = tmp_path / "scale.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "scale.py"), "--workers", "128", "--steady", "3",
+         "--timeout", "45", "--creds", "--json", str(out)],
+        capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [r] = json.loads(out.read_text())
+    assert r["ok"] and not r["error"], r
+    assert r["creds"] is True and r["anonymous_refused"] is True
+    assert r["n"] == 128 and r["connections"] == 128  # one per worker: its own user
+    assert 0 < r["mint_p50_s"] <= r["mint_p99_s"] and 0 < r["mint_s"] < 60
+    assert r["mint_master_cpu_s"] > 0
+    assert 0 < r["replace_mint_s"] < 30  # the new pod of rank 1: a new key, granted
+    assert 128 < r["msgs_per_s"] < 1000 and r["unexpected_orders"] == []
+    assert r["next_order"] == "troubleshoot" and 0 < r["fault_p99_s"] < 30
+    assert 0 < r["node_lost_s"] < 30 and 0 < r["replace_to_run_s"] < 60
+    assert r["resume_same_status"] is True and r["resume_orders"] == []
+    # the tables name the grants
+    assert "grants (s)" in proc.stdout and "replacement's grant (s)" in proc.stdout
+
+
+def test_scale_harness_refuses_bad_arguments() -> None:
+    for bad in (["--workers", "1"], ["--workers", "a,b"], ["--mint-threads", "0"]):
+        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), *bad],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert proc.returncode == 2, (bad, proc.stderr)
+        assert "Traceback" not in proc.stderr and "error:" in proc.stderr, proc.stderr
