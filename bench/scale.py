@@ -101,6 +101,7 @@ import nats  # noqa: E402
 
 from aegis_flow import protocol as p  # noqa: E402
 from aegis_flow.local.natsserver import EmbeddedNats  # noqa: E402
+from aegis_flow.local.runs import connect_quietly  # noqa: E402
 from aegis_flow.master.store import STATUS_KEY, KVStore, decode_doc, status_to_dict  # noqa: E402
 from aegis_flow.supervisor.creds import Session  # noqa: E402
 from aegis_flow.supervisor.keepalive import KeepAlives  # noqa: E402
@@ -197,7 +198,6 @@ class Fleet:
         self.subjects = p.Subjects(NAMESPACE, JOB)
         self.workers = [Worker(r) for r in range(n)]
         self.conns: list[Any] = []
-        self.groups: list[list[Worker]] = []
         self.orders: dict[int, OrderSeen] = {}
         self.published = 0  # messages sent to the master
         self.keepalives = 0  # ... of them heartbeats sent as keep-alives
@@ -212,7 +212,6 @@ class Fleet:
         starts = list(range(0, self.n, self.per_conn))
         for i in range(0, len(starts), CONNECTING):
             self.conns += await asyncio.gather(*(self.open(s) for s in starts[i:i + CONNECTING]))
-        self.groups = [self.workers[s:s + self.per_conn] for s in starts]
 
     async def open(self, start: int) -> Any:
         """The connection of workers start.. start+per_conn, subscribed to their orders."""
@@ -230,6 +229,12 @@ class Fleet:
 
     def conn_of(self, rank: int) -> Any:
         return self.conns[rank // self.per_conn]
+
+    async def reconnect(self, rank: int) -> None:
+        """A new connection for rank ``rank``'s workers (with the options they hold now) in
+        the place of the old one, which the caller has closed."""
+        start = rank - rank % self.per_conn
+        self.conns[rank // self.per_conn] = await self.open(start)
 
     def _msg(self, w: Worker, mtype: p.MsgType, seq: int, data: dict[str, Any]) -> bytes:
         return p.Message(job=JOB, namespace=NAMESPACE, pod_name=f"{JOB}-worker-{w.rank}",
@@ -528,15 +533,22 @@ class Secure:
     def grant(self, rank: int, timeout: float) -> tuple[Any, float]:
         """Rank ``rank``'s credentials as worker-init fetches them (a new NKey, the bootstrap
         token, SyncWorkerCreds), and how long the call took. The master refuses a rank it
-        holds alive (UNAVAILABLE): asked again until ``timeout``."""
+        holds alive (UNAVAILABLE): asked again every 0.25 s, for ``timeout`` seconds in all
+        (and at most one more call's deadline)."""
         from aegis_flow.security import worker_init as wi
 
         cfg = wi.InitConfig(master=self.grpc, job=JOB, namespace=NAMESPACE, worker=str(rank),
                             token=self.token, out=Path(os.devnull), deadline=min(timeout, 20.0),
                             retries=max(1, int(timeout / 0.25)))
         t = time.monotonic()
+
+        def pause(_backoff: float) -> None:
+            if time.monotonic() - t > timeout:
+                raise BenchError(f"rank {rank}'s credentials: not granted within "
+                                 f"{timeout:.0f} s")
+            time.sleep(0.25)
         try:
-            creds = wi.fetch(cfg, sleep=lambda s: time.sleep(min(s, 0.25)))
+            creds = wi.fetch(cfg, sleep=pause)
         except wi.InitError as exc:
             raise BenchError(f"rank {rank}'s credentials: {exc}") from None
         return creds, time.monotonic() - t
@@ -544,12 +556,8 @@ class Secure:
 
 async def refused(url: str) -> bool:
     """Whether the server refuses a connection without credentials."""
-    async def quiet(_exc: Exception) -> None:
-        pass
-
     try:
-        nc = await nats.connect(url, allow_reconnect=False, connect_timeout=5,
-                                max_reconnect_attempts=0, error_cb=quiet)
+        nc = await connect_quietly(url, {})
     except Exception:  # noqa: BLE001 - nats-py raises several kinds for a refused connect
         return True
     await nc.close()
@@ -678,10 +686,10 @@ async def run_scenarios(res: Result, url: str, nats_pid: int, masters: Masters,
     if secure is not None:  # every worker's own grant first, as worker-init before the pod
         res.creds = True
         await ready(masters.url, args.timeout, masters.alive)  # its gRPC server is up
-        c0 = cpu_seconds(masters.proc.pid) if masters.proc else 0.0
+        assert masters.proc is not None
+        c0 = cpu_seconds(masters.proc.pid)
         got, took, res.mint_s = await grant_all(secure, res.n, args.mint_threads, args.timeout)
         masters.alive()
-        assert masters.proc is not None
         res.mint_master_cpu_s = cpu_seconds(masters.proc.pid) - c0
         res.mint_p50_s, res.mint_p99_s = statistics.median(took), pct(took, 99)
         sessions = [Session(c) for c in got]
@@ -814,7 +822,7 @@ async def run_scenarios(res: Result, url: str, nats_pid: int, masters: Masters,
             creds, res.replace_mint_s = await asyncio.to_thread(secure.grant, victim,
                                                                 args.timeout)
             sessions[victim] = Session(creds)
-            fleet.conns[victim] = await fleet.open(victim)
+            await fleet.reconnect(victim)
         fresh = fleet.replace(victim)
         await fleet.wait(lambda w: w.order == "run" and w.seq > hold, args.timeout,
                          "the run order after the replacement", alive)
