@@ -74,7 +74,8 @@ class MasterDefaults:
         "with a full heartbeat (resources, node, activity) at least every 5 s (15 s for the "
         "largest jobs); --no-keepalives sends every heartbeat in full"))
     jwt_lifetime: float = field(default=3600.0, metadata=_doc(
-        "--jwt-lifetime", "seconds a worker's NATS credentials live (renewed at 2/3)"))
+        "--jwt-lifetime", "seconds a worker's NATS credentials live (renewed between 1/2 "
+        "and 3/4 of it, spread over the job's workers)"))
     revoke_grace: float = field(default=30.0, metadata=_doc(
         "--revoke-grace", "seconds an evicted worker keeps its NATS access, so one that was "
         "reconnecting when its exit order went out still gets it (its successor's "

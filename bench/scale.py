@@ -40,6 +40,16 @@ Scenarios, for each N of ``--workers``:
    workers published), the messages/s the nats-server itself counted in and out (its
    monitoring endpoint's ``/varz``; out includes the copies to the harness's KV tap), and this
    harness's own CPU % (it shares the machine).
+   With ``--creds``, then **every JWT renewed once**: each worker asks the master for a fresh
+   JWT over its renewal subject and reconnects with it (``Session.renew``, its 5 s timeout; a
+   failed one asked again after 5 s, as ``renew_loop`` does), at the point of
+   ``--renew-window`` seconds where its key's renewal share puts it: the supervisor spreads a
+   job's renewals over a quarter of the JWT's lifetime (``renew_share``: 900 s of a 1 h JWT),
+   and 30 s, the default, is 30 times as dense; 0 renews all at once, as every worker did
+   at 2/3 of the lifetime before 2026-12-04. Measured: the first request → every connection
+   back, p50/p99 of one renewal with its reconnect, the retries, the CPU seconds in it, and
+   from the server's own ``/connz`` that every worker is connected with its new JWT; no
+   worker may get a new order (none judged lost while it reconnected).
 3. **one fault**: the last rank sends an ERROR for the current run seq. Measured per worker:
    the fault → that worker holding the next order (troubleshoot), p50/p99/max; then the
    troubleshoot order at every worker → the restart (run) order at every worker.
@@ -103,7 +113,7 @@ from aegis_flow import protocol as p  # noqa: E402
 from aegis_flow.local.natsserver import EmbeddedNats  # noqa: E402
 from aegis_flow.local.runs import connect_quietly  # noqa: E402
 from aegis_flow.master.store import STATUS_KEY, KVStore, decode_doc, status_to_dict  # noqa: E402
-from aegis_flow.supervisor.creds import Session  # noqa: E402
+from aegis_flow.supervisor.creds import RENEW_FROM, RENEW_TO, Session, renew_share  # noqa: E402
 from aegis_flow.supervisor.keepalive import KeepAlives  # noqa: E402
 
 _VENV_PY = ROOT / ".venv" / "bin" / "python"
@@ -112,6 +122,8 @@ JOB, NAMESPACE = "scale", "default"
 TICKS = 10  # heartbeat slots per interval: a beat task publishes 1/TICKS of its workers a tick
 BEAT_GROUP = 256  # workers per beat task at least (with --creds a connection holds one worker)
 CONNECTING = 64  # connections opened at once
+RECONNECT_WAIT = 0.5  # the supervisor's reconnect_time_wait (supervisor/agent.py)
+RENEW_RETRY = 5.0  # renew_loop's pause after a failed renewal while much of the JWT is left
 CLK = os.sysconf("SC_CLK_TCK")
 SCRAPE_EVERY = 15.0  # seconds between /metrics reads in the steady state (Prometheus's default)
 
@@ -136,6 +148,15 @@ def nats_counts(monitor: str) -> tuple[int, int]:
     with urllib.request.urlopen(f"{monitor}/varz", timeout=5) as resp:
         varz = json.loads(resp.read())
     return int(varz["in_msgs"]), int(varz["out_msgs"])
+
+
+def connected_jwts(monitor: str, limit: int) -> set[str]:
+    """The JWTs the server's client connections authenticated with (its ``/connz?auth=1``)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{monitor}/connz?auth=1&limit={limit}", timeout=30) as r:
+        conns = json.load(r).get("connections") or []
+    return {str(c.get("jwt", "")) for c in conns}
 
 
 def rss_mib(pid: int) -> float:
@@ -217,6 +238,7 @@ class Fleet:
         """The connection of workers start.. start+per_conn, subscribed to their orders."""
         group = self.workers[start:start + self.per_conn]
         nc = await nats.connect(self.url, max_reconnect_attempts=-1,
+                                reconnect_time_wait=RECONNECT_WAIT,
                                 pending_size=64 * 1024 * 1024,
                                 **(self.options(start) if self.options else {}))
         await nc.subscribe(self.subjects.broadcast,
@@ -466,6 +488,14 @@ class Result:
     mint_master_cpu_s: float = float("nan")  # the master's CPU seconds over the N grants
     replace_mint_s: float = float("nan")  # scenario 4: the replacement's grant (one call)
     anonymous_refused: bool = False  # a connection without credentials was refused
+    renew_window_s: float = float("nan")  # --renew-window: the renewals spread over it
+    renew_s: float = float("nan")  # the first renewal's request → every connection back
+    renew_p50_s: float = float("nan")  # one renewal: its request → its connection back
+    renew_p99_s: float = float("nan")
+    renew_retries: int = 0  # renewals that failed and were asked again
+    renew_cpu_s: list[float] = field(default_factory=list)  # in it: master, nats, harness
+    renew_orders: list[str] = field(default_factory=list)  # new orders meanwhile (none)
+    renew_connected: int = 0  # workers the server holds connected with a new JWT after it
     # every --sample seconds from the first heartbeat: [s, KV puts, KV KiB, master CPU %
     # over the interval, master RSS MiB]: where the time goes when a round is slow
     timeline: list[list[float]] = field(default_factory=list)
@@ -575,6 +605,55 @@ async def grant_all(secure: Secure, n: int, threads: int, timeout: float
         got = await asyncio.gather(*(loop.run_in_executor(pool, secure.grant, r, timeout)
                                      for r in range(n)))
     return [c for c, _ in got], [d for _, d in got], time.monotonic() - t
+
+
+async def renew_all(fleet: Fleet, sessions: list[Any], window: float, timeout: float,
+                    alive: Callable[[], None]) -> tuple[list[float], int, float]:
+    """Every worker renews its JWT on its own connection once (``Session.renew``: the request,
+    the new JWT kept, a reconnect with it), at the point of ``window`` seconds where its key's
+    renewal share puts it (``renew_share``: as the supervisor spreads a job's renewals over a
+    quarter of the lifetime, compressed; 0: all at once), asked again after RENEW_RETRY s if
+    it failed, as ``renew_loop`` does. Returns (seconds from each worker's request to its
+    connection back, on the new JWT; failed attempts; seconds until every connection is
+    back)."""
+    assert fleet.per_conn == 1, "a connection per worker: its own user renews"
+    failed = 0
+    t = time.monotonic()
+    width = RENEW_TO - RENEW_FROM
+
+    async def one(rank: int) -> float:
+        nonlocal failed
+        session, nc = sessions[rank], fleet.conns[rank]
+        await asyncio.sleep(window * (renew_share(session.creds.public_key) - RENEW_FROM)
+                            / width)
+        while True:
+            t1 = time.monotonic()
+            try:
+                await session.renew(nc)
+                break
+            except Exception as exc:  # noqa: BLE001 - renew_loop retries any failure
+                failed += 1
+                if time.monotonic() - t > window + timeout:
+                    raise BenchError(f"rank {rank}'s renewal: {exc!r}, still after "
+                                     f"{window + timeout:.0f} s") from None
+                await asyncio.sleep(RENEW_RETRY)
+        while not nc.is_connected:  # it reconnects with its new JWT
+            if time.monotonic() - t1 > timeout:
+                raise BenchError(f"rank {rank}'s connection not back {timeout:.0f} s after "
+                                 "renewing")
+            await asyncio.sleep(0.02)
+        return time.monotonic() - t1
+
+    runs = [asyncio.ensure_future(one(r)) for r in range(fleet.n)]
+    try:
+        while not all(r.done() for r in runs):
+            alive()
+            await asyncio.sleep(0.1)
+        took = [r.result() for r in runs]
+    finally:
+        for r in runs:
+            r.cancel()
+    return took, failed, time.monotonic() - t
 
 
 def pdeathsig() -> Callable[[], None] | None:
@@ -775,6 +854,30 @@ async def run_scenarios(res: Result, url: str, nats_pid: int, masters: Masters,
         if res.unexpected_orders:
             raise BenchError(f"orders during the steady state: {res.unexpected_orders} "
                              "(the master lost workers?)")
+        if secure is not None:  # -- 2b. every JWT renewed at once ------------------------
+            known = set(fleet.orders)
+            old = [s.creds.jwt for s in sessions]
+            cpu0 = [cpu_seconds(pid()), cpu_seconds(nats_pid), cpu_seconds(os.getpid())]
+            res.renew_window_s = args.renew_window
+            took, res.renew_retries, res.renew_s = await renew_all(
+                fleet, sessions, args.renew_window, args.timeout, alive)
+            res.renew_cpu_s = [b - a for a, b in zip(cpu0, [
+                cpu_seconds(pid()), cpu_seconds(nats_pid), cpu_seconds(os.getpid())],
+                strict=True)]
+            res.renew_p50_s, res.renew_p99_s = statistics.median(took), pct(took, 99)
+            jwts = await asyncio.to_thread(connected_jwts, monitor, res.n + 16)
+            res.renew_connected = sum(s.creds.jwt in jwts and s.creds.jwt != o
+                                      for s, o in zip(sessions, old, strict=True))
+            if res.renew_connected != res.n:
+                raise BenchError(f"after renewing, {res.renew_connected} of {res.n} workers "
+                                 "are connected with their new JWT")
+            await asyncio.sleep(2.0)  # the beats on the new connections; nothing may change
+            alive()
+            res.renew_orders = [f"{o.order}@{s}" for s, o in sorted(fleet.orders.items())
+                                if s not in known]
+            if res.renew_orders:
+                raise BenchError(f"orders while the workers renewed: {res.renew_orders} "
+                                 "(the master lost workers?)")
         # -- 3. one fault ---------------------------------------------------------------------
         run_seq = fleet.workers[0].seq
         cpu0 = [cpu_seconds(pid()), cpu_seconds(nats_pid), cpu_seconds(os.getpid())]
@@ -947,7 +1050,9 @@ STEADY_HEADER = ["N", "msgs/s in", "keep-alives", "master CPU %", "master RSS Mi
 STORE_HEADER = ["N", "job record KiB", "KV puts connect+boot", "MiB", "KV puts steady", "KiB",
                 "KV puts fault→restart", "KiB", "saves", "KiB per save", "largest put KiB"]
 CREDS_HEADER = ["N", "grants (s)", "one grant p50 (s)", "p99 (s)", "master CPU s",
-                "replacement's grant (s)"]
+                "replacement's grant (s)", "renewals over (s)", "first→all back (s)",
+                "one renewal+reconnect p50 (s)", "p99 (s)", "retried",
+                "CPU s in it: master / nats / harness"]
 RESILIENCE_HEADER = ["N", "rank silent→hold at all (s)", "new pod's first beat→run at all (s)",
                      "master SIGKILL→new master ready (s)", "rebuilt status = stored",
                      "orders after the resume"]
@@ -986,7 +1091,11 @@ def resilience_rows(results: Sequence[Result]) -> list[list[str]]:
 
 def creds_rows(results: Sequence[Result]) -> list[list[str]]:
     return [[str(r.n), _f(r.mint_s), _f(r.mint_p50_s, 3), _f(r.mint_p99_s, 3),
-             _f(r.mint_master_cpu_s, 1), _f(r.replace_mint_s, 2)] for r in results if r.creds]
+             _f(r.mint_master_cpu_s, 1), _f(r.replace_mint_s, 2), _f(r.renew_window_s, 0),
+             _f(r.renew_s),
+             _f(r.renew_p50_s, 3), _f(r.renew_p99_s, 3), str(r.renew_retries),
+             " / ".join(_f(x, 1) for x in r.renew_cpu_s) or "-"]
+            for r in results if r.creds]
 
 
 def render_all(results: Sequence[Result], *, markdown: bool) -> str:
@@ -1036,6 +1145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
                     help="the harness's own event loop (uvloop: less of the machine for "
                          "simulating N connections; needs `pip install uvloop`)")
+    ap.add_argument("--renew-window", type=float, default=30.0,
+                    help="with --creds: seconds over which every worker renews its JWT once, "
+                         "where its key puts it, as the supervisor spreads them over a "
+                         "quarter of the lifetime (900 s for a 1 h JWT; default 30: 30 times "
+                         "denser); 0: all at once, as before 2026-12-04")
     ap.add_argument("--mint-threads", type=int, default=32,
                     help="with --creds: credential fetches at once (default 32)")
     ap.add_argument("--lost-timeout", type=float, default=3.0,
@@ -1062,6 +1176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if importlib.util.find_spec("uvloop") is None:
             ap.error("--loop uvloop: uvloop is not installed here (pip install uvloop; the "
                      "project's dev extra has it)")
+    if args.renew_window < 0:
+        ap.error("--renew-window must be 0 (all at once) or more seconds")
     for name in ("per_conn", "mint_threads"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -1093,7 +1209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.out).write_text(
             f"`{cmd}` — {stamp}, {machine()}; heartbeat {args.heartbeat} s, steady "
             f"{args.steady:.0f} s, {per_conn} worker{'s' if per_conn > 1 else ''} per "
-            f"connection{', credentials' if args.creds else ''}, harness loop {args.loop}, "
+            f"connection{', credentials' if args.creds else ''}"
+            f"{f', renewals over {args.renew_window:.0f} s' if args.creds else ''}, "
+            f"harness loop {args.loop}, "
             f"master "
             f"--lost-timeout {args.lost_timeout}\n\n"
             + render_all(results, markdown=True) + "\n")

@@ -80,11 +80,32 @@ def test_scale_harness_with_credentials_at_128_workers(tmp_path: Path) -> None:
     assert r["mint_master_cpu_s"] > 0
     assert 0 < r["replace_mint_s"] < 30  # the new pod of rank 1: a new key, granted
     assert 128 < r["msgs_per_s"] < 1000 and r["unexpected_orders"] == []
+    # 2b. every worker renewed its JWT at once and the server holds all 128 on the new one;
+    # nobody was judged lost while reconnecting
+    assert r["renew_connected"] == 128 and r["renew_orders"] == []
+    assert 0 < r["renew_p50_s"] <= r["renew_p99_s"] and 0 < r["renew_s"] < 60
+    assert len(r["renew_cpu_s"]) == 3
     assert r["next_order"] == "troubleshoot" and 0 < r["fault_p99_s"] < 30
     assert 0 < r["node_lost_s"] < 30 and 0 < r["replace_to_run_s"] < 60
     assert r["resume_same_status"] is True and r["resume_orders"] == []
     # the tables name the grants
     assert "grants (s)" in proc.stdout and "replacement's grant (s)" in proc.stdout
+    assert "all renew at once→all back (s)" in proc.stdout
+
+
+def test_scale_harness_fails_a_renewal_that_keeps_the_old_jwt(tmp_path: Path) -> None:
+    """The planted error: workers whose renewal never reconnects stay on their old JWT; the
+    harness reads the server's own connections (/connz) and fails the run, naming it."""
+    script = ("import sys; sys.path.insert(0, 'bench')\n"
+              "import nats.aio.client as c\n"
+              "async def keep_the_old_connection(self): pass\n"
+              "c.Client.force_reconnect = keep_the_old_connection\n"
+              "import scale; sys.exit(scale.main(sys.argv[1:]))\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "--workers", "32", "--steady", "2", "--timeout", "45",
+         "--creds"], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "after renewing, 0 of 32 workers are connected with their new JWT" in proc.stderr
 
 
 def test_scale_harness_refuses_bad_arguments() -> None:

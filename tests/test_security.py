@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -261,8 +262,25 @@ def test_creds_file_round_trips_privately_in_the_nats_format(tmp_path: Path) -> 
     assert "-----BEGIN NATS USER JWT-----\n" + creds.jwt in text
     assert "-----BEGIN USER NKEY SEED-----\n" + creds.seed in text
     assert cf.read(path) == creds
-    assert creds.renew_due() == NOW + 60
+    assert creds.renew_due() == NOW + 90 * cf.renew_share(creds.public_key)
     assert creds.public_key == nj.decode(creds.jwt)["sub"]
+
+
+def test_renewals_of_a_job_are_spread_over_a_quarter_of_the_lifetime() -> None:
+    """4,096 workers granted in the same second do not renew in the same second (at one share
+    of the lifetime they all reconnected at once, and the master judged a rank lost): each
+    key's share lies in [1/2, 3/4), is the same every time, and the keys spread evenly."""
+    shares = [cf.renew_share(nj.public(nj.new_key("user"))) for _ in range(4096)]
+    assert all(cf.RENEW_FROM <= x < cf.RENEW_TO for x in shares)
+    width = cf.RENEW_TO - cf.RENEW_FROM
+    buckets = [0] * 15  # a minute each of a 1 h JWT's 15-minute window
+    for x in shares:
+        buckets[int((x - cf.RENEW_FROM) / width * 15)] += 1
+    assert max(buckets) < 2 * 4096 / 15, buckets  # no minute holds twice its share
+    key = nj.public(nj.new_key("user"))
+    assert cf.renew_share(key) == cf.renew_share(key)
+    creds = replace(creds_fixture(), issued_at=int(NOW), expires_at=int(NOW + 3600))
+    assert NOW + 1800 <= creds.renew_due() < NOW + 2700
 
 
 def test_creds_file_faults_are_clear(tmp_path: Path) -> None:

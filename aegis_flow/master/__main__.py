@@ -115,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     sec.add_argument("--tls-client-ca", default="",
                      help="require client certificates signed by this CA (mutual TLS)")
     sec.add_argument("--jwt-lifetime", type=positive_seconds, default=MASTER.jwt_lifetime,
-                     help="seconds a worker's JWT lives (renewed at 2/3; default "
-                     f"{MASTER.jwt_lifetime:g})")
+                     help="seconds a worker's JWT lives (renewed between 1/2 and 3/4 of it, "
+                     f"spread over the job's workers; default {MASTER.jwt_lifetime:g})")
     sec.add_argument("--revoke-grace", type=positive_seconds, default=MASTER.revoke_grace,
                      help=_help("revoke_grace"))
     sec.add_argument("--advertise-nats-url", action="append", default=[],
