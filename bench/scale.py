@@ -854,7 +854,7 @@ async def run_scenarios(res: Result, url: str, nats_pid: int, masters: Masters,
         if res.unexpected_orders:
             raise BenchError(f"orders during the steady state: {res.unexpected_orders} "
                              "(the master lost workers?)")
-        if secure is not None:  # -- 2b. every JWT renewed at once ------------------------
+        if secure is not None:  # -- 2b. every JWT renewed once ----------------------------
             known = set(fleet.orders)
             old = [s.creds.jwt for s in sessions]
             cpu0 = [cpu_seconds(pid()), cpu_seconds(nats_pid), cpu_seconds(os.getpid())]

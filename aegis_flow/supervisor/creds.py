@@ -42,7 +42,7 @@ import nkeys
 # A worker renews once a share of its JWT's lifetime in [RENEW_FROM, RENEW_TO) has passed,
 # the share fixed by its key: a job's workers are granted within seconds of each other, and
 # renewing at one share (it was 2/3) made all of them request and reconnect in those seconds
-# (at 4,096 workers the reconnects took 6.7 s and the master judged a rank lost, measured
+# (at 4,096 workers the reconnects took 5-7 s and the master judged a rank lost, measured
 # with bench/scale.py --creds); spread over a quarter of the lifetime (15 min of 1 h) they
 # come a few a second.
 RENEW_FROM, RENEW_TO = 0.5, 0.75
