@@ -143,6 +143,8 @@ class PodsMixin(OperatorBase):
                 msg += ": " + _start_error(pod, c.name)
             elif c.message:  # the container's termination message (t.Message)
                 msg += ": " + c.message
+            elif c.exit_code == 128 and (own := _shim_error(pod, c.name)):
+                msg += ": " + own  # the rehearsal's own fault, not Argo's: say which
             if c.kind in ("init", "main"):
                 return "Failed", msg
             if c.exit_code not in (137, 143):
@@ -328,6 +330,12 @@ def _start_error(pod: PodRun, name: str) -> str:
     err = pod.stderr(name)
     line = next((ln for ln in err.splitlines() if ln.startswith("exec: ")), "")
     return line
+
+
+def _shim_error(pod: PodRun, name: str) -> str:
+    """The line shim.py writes when it cannot set up the container's filesystem."""
+    err = pod.stderr(name)
+    return next((ln for ln in err.splitlines() if ln.startswith("rehearse: ")), "")
 
 
 def _step_name(node_name: str) -> str:

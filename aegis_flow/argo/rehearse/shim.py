@@ -78,25 +78,36 @@ def _populate(host: str, root: str, shadowed: set[str], mounted: set[str], layer
               ) -> None:
     for entry in sorted(os.listdir(host)):
         hp = os.path.join(host, entry)
-        rp = root + hp
-        if hp in mounted and hp not in shadowed:
-            continue
-        if os.path.islink(hp):
-            os.symlink(os.readlink(hp), rp)
-        elif hp in shadowed and os.path.isdir(hp):
-            os.makedirs(rp, exist_ok=True)
-            _populate(hp, root, shadowed, mounted, layers)
-        elif os.path.isdir(hp):
-            os.makedirs(rp, exist_ok=True)
-            if hp in WRITABLE:
-                _mount(hp, rp, MS_BIND | MS_REC)
-            elif not _overlay(hp, rp, layers):
-                _mount(hp, rp, MS_BIND | MS_REC)
-                _mount(hp, rp, MS_BIND | MS_REMOUNT | MS_RDONLY)
-        elif os.path.isfile(hp):
-            open(rp, "a").close()
-            _mount(hp, rp, MS_BIND)
+        try:
+            _populate_one(hp, root, shadowed, mounted, layers)
+        except OSError:
+            if os.path.lexists(hp):
+                raise
+            # gone from the host meanwhile (another process's temporary file under a shadowed
+            # /tmp: a container started a moment later would not see it either)
+
+
+def _populate_one(hp: str, root: str, shadowed: set[str], mounted: set[str], layers: str
+                  ) -> None:
+    rp = root + hp
+    if hp in mounted and hp not in shadowed:
+        return
+    if os.path.islink(hp):
+        os.symlink(os.readlink(hp), rp)
+    elif hp in shadowed and os.path.isdir(hp):
+        os.makedirs(rp, exist_ok=True)
+        _populate(hp, root, shadowed, mounted, layers)
+    elif os.path.isdir(hp):
+        os.makedirs(rp, exist_ok=True)
+        if hp in WRITABLE:
+            _mount(hp, rp, MS_BIND | MS_REC)
+        elif not _overlay(hp, rp, layers):
+            _mount(hp, rp, MS_BIND | MS_REC)
             _mount(hp, rp, MS_BIND | MS_REMOUNT | MS_RDONLY)
+    elif os.path.isfile(hp):
+        open(rp, "a").close()
+        _mount(hp, rp, MS_BIND)
+        _mount(hp, rp, MS_BIND | MS_REMOUNT | MS_RDONLY)
 
 
 def build_root(root: str, mounts: list[dict[str, object]], layers: str) -> None:
