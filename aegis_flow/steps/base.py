@@ -137,13 +137,18 @@ def parse_budget(text: str) -> tuple[str, float]:
 
 def resolve_budgets(overrides: Mapping[str, float] | None = None, *,
                     environ: Mapping[str, str] | None = None) -> dict[str, float]:
-    """Defaults, then ``$AEGIS_CHECK_BUDGETS`` (comma-separated CHECK=SECONDS), then overrides."""
+    """Defaults, then ``$AEGIS_CHECK_BUDGETS`` (comma-separated CHECK=SECONDS), then overrides.
+    ``health`` not given takes ``allreduce_connection``'s budget (both wait for every rank to
+    join a collective)."""
     env = os.environ if environ is None else environ
-    budgets = dict(DEFAULT_BUDGETS)
+    given: dict[str, float] = {}
     for item in filter(None, (s.strip() for s in env.get(BUDGETS_ENV, "").split(","))):
         name, seconds = parse_budget(item)
-        budgets[name] = seconds
-    budgets.update(overrides or {})
+        given[name] = seconds
+    given.update(overrides or {})
+    budgets = {**DEFAULT_BUDGETS, **given}
+    if "health" not in given:  # bootcheck's collective check waits as allreduce_connection does
+        budgets["health"] = budgets["allreduce_connection"]
     return budgets
 
 
