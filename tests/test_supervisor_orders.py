@@ -231,3 +231,44 @@ def test_a_cancelled_stop_still_kills_the_process_group() -> None:
         return outcome, status.signal
 
     assert asyncio.run(main()) == ("cancelled", signal.SIGKILL)
+
+
+def test_the_beats_say_a_hang_mark_only_once_its_frame_is_known(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (an e2e run with four jobs at once): py-spy took longer than a heartbeat
+    interval, the beats in between carried the mark with no frame, and the master's fault log
+    (which keeps the first beat's frame) said "a frame py-spy could not read" for a rank whose
+    frame py-spy read a moment later. A real child process; py-spy stands in slowly."""
+    dump = 'Thread 7 (idle): "MainThread"\n    wait (train.py:12)\n'
+
+    def slow_stacks(pid: int) -> str:
+        import time as _time
+
+        _time.sleep(0.6)
+        return dump
+
+    monkeypatch.setattr(agent, "collect_stacks", slow_stacks)
+
+    async def main() -> list[dict[str, Any] | None]:
+        sup = Supervisor(WorkerConfig(command=(sys.executable, SLEEPER, "30"), job="j", rank=1,
+                                      world_size=2, work_dir=str(tmp_path), prewarm=False))
+        sup.nc = nc = RecordingConnection()
+        sup.seq = 4
+        sup.child = await start_child(list(sup.cfg.command), env=dict(os.environ))
+        try:
+            mark = p.Message(job="j", namespace="default", pod_name="master",
+                             type=p.MsgType.MARK, rank=-1, seq=4, data={"hanging": [0]},
+                             timestamp=0.0)
+            await sup.on_order(mark.encode())
+            marks: list[dict[str, Any] | None] = []
+            for _ in range(4):  # beats while py-spy reads, then after
+                await sup.heartbeat()
+                marks.append(nc.sent[-1]["data"].get("hang_mark"))
+                await asyncio.sleep(0.25)
+            return marks
+        finally:
+            await sup.child.stop(1.0)
+
+    marks = asyncio.run(main())
+    assert marks[0] is None and marks[-1] == {"ranks": [0], "frame": "wait (train.py:12)"}, marks
+    assert all(m is None or m["frame"] == "wait (train.py:12)" for m in marks), marks

@@ -270,7 +270,7 @@ class Supervisor:
         # frame this rank's process was in when the mark came (heartbeats carry both)
         self.marked: tuple[int, ...] = ()
         self.marked_seq = -1
-        self.marked_frame = ""
+        self.marked_frame: str | None = ""  # None while py-spy reads it: no beat says the mark
         # where a fault-tolerance checkpoint round the master asks for is written (its run id):
         # $AEGIS_SAVE_REQUEST of the training process and the saver (checkpoint.requested())
         self.save_request = tempfile.mktemp(prefix="aegis-save-request-")
@@ -326,7 +326,8 @@ class Supervisor:
                              and self.progress.auto is not None else None),
                 "doing_for": round(time.monotonic() - self.doing_since, 1),
                 **({"hang_mark": {"ranks": list(self.marked), "frame": self.marked_frame}}
-                   if self.marked and self.marked_seq == self.seq else {}),
+                   if self.marked and self.marked_seq == self.seq
+                   and self.marked_frame is not None else {}),
                 "resources": self._sampled,
                 **({"saver": self.saver.data()} if self.saver is not None else {})}
 
@@ -446,7 +447,10 @@ class Supervisor:
         marked = tuple(sorted(set(ranks)))[:64]
         if marked == self.marked and self.marked_seq == msg.seq:
             return
-        self.marked, self.marked_seq = marked, msg.seq
+        # the beats say the mark once its frame is known: the master logs the first beat's
+        # frame (py-spy took longer than a beat interval on a loaded machine, and the fault log
+        # said "a frame py-spy could not read" for a frame it read a moment later)
+        self.marked, self.marked_seq, self.marked_frame = marked, msg.seq, None
         frame = ""
         child = self.child
         if child is not None and child.running:
