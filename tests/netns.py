@@ -31,7 +31,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from aegis_flow.argo.rehearse.netns import _ip, kill_inside
+from aegis_flow.argo.rehearse.netns import BRIDGE_MAC, _ip, kill_inside
 from aegis_flow.argo.rehearse.netns import remove_stale as _remove_stale
 from tests.jobs import Proc
 
@@ -100,6 +100,7 @@ class Network:
         try:
             self._add_ns(self.hub)
             _ip("-n", self.hub, "link", "add", "name", "br0", "type", "bridge")
+            _ip("-n", self.hub, "link", "set", "br0", "address", BRIDGE_MAC)  # see BRIDGE_MAC
             _ip("-n", self.hub, "addr", "add", f"{HUB_ADDR}/24", "dev", "br0")
             _ip("-n", self.hub, "link", "set", "br0", "up")
         except BaseException:

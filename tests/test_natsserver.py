@@ -223,3 +223,50 @@ def test_server_dies_when_parent_is_sigkilled(tmp_path: Path) -> None:
             os.close(fd)
     with EmbeddedNats(tmp_path / "s") as server:
         assert server.running
+
+
+def test_close_within_keeps_its_bound_when_the_server_stops_answering(tmp_path: Path) -> None:
+    """Regression: ``wait_for(nc.drain(), 2)`` (the master's and the supervisor's exit) took
+    12 s when the server did not answer — nats-py's drain swallows the cancellation, then
+    flushes for up to 10 s. ``close_within`` returns within its bound and closes the
+    connection; with a server that answers, what was published before still arrives."""
+    from aegis_flow.supervisor.waiting import close_within
+
+    with EmbeddedNats(tmp_path / "store") as server:
+
+        async def exercise() -> tuple[float, bool, float, bytes]:
+            opts = {"connect_timeout": 2, "max_reconnect_attempts": -1, "ping_interval": 2,
+                    "max_outstanding_pings": 3, "reconnect_time_wait": 0.5}
+            reader = await nats.connect(server.url, **opts)
+            got: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+            async def on_msg(msg: Msg) -> None:
+                if not got.done():
+                    got.set_result(msg.data)
+
+            await reader.subscribe("aegis.test.last", cb=on_msg)
+            await reader.flush()
+            healthy = await nats.connect(server.url, **opts)
+            await healthy.subscribe("aegis.test.in", cb=on_msg)
+            await healthy.publish("aegis.test.last", b"the last word")
+            t0 = time.monotonic()
+            await close_within(healthy, 2)
+            healthy_s = time.monotonic() - t0
+            last = await asyncio.wait_for(got, 5)
+            await reader.close()
+
+            stuck = await nats.connect(server.url, **opts)
+            await stuck.subscribe("aegis.test.in", cb=on_msg)
+            await stuck.flush()
+            os.kill(server.pid, signal.SIGSTOP)  # the server no longer answers anything
+            try:
+                t0 = time.monotonic()
+                await close_within(stuck, 2)
+                stuck_s = time.monotonic() - t0
+            finally:
+                os.kill(server.pid, signal.SIGCONT)
+            return stuck_s, stuck.is_closed, healthy_s, last
+
+        stuck_s, closed, healthy_s, last = asyncio.run(exercise())
+    assert stuck_s < 3.0 and closed, stuck_s
+    assert healthy_s < 1.0 and last == b"the last word", healthy_s

@@ -211,3 +211,38 @@ def test_a_checkout_or_interpreter_under_tmp_is_bound_into_every_container(
     assert (checkout in got) == checkout.startswith("/tmp/")
     monkeypatch.setattr(sys, "prefix", "/opt/venv")
     assert all(p.startswith("/tmp/") for p in pods.hidden_by_tmp())
+
+
+def _bridge_mac(hub: str) -> str:
+    out = subprocess.run(["ip", "-n", hub, "-o", "link", "show", "br0"], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    return out.split("link/ether ", 1)[1].split()[0]
+
+
+@needs_ns
+@pytest.mark.parametrize("fixed", [True, False], ids=["rehearsal-bridge", "planted-plain"])
+def test_the_bridge_keeps_its_mac_as_pods_come_and_go(fixed: bool) -> None:
+    """Regression: br0 took the lowest MAC of its ports, so pods starting and ending moved it,
+    and every host's ARP entry for the bridge's addresses (API stand-in, ClusterIPs) went
+    stale: 10-15 s of silence on each, a master's NATS connection through a Service lost
+    after every pod removal. The planted error: a bridge without its own address moves."""
+    net = netns.Network().create()
+    try:
+        if not fixed:  # what the bridge does left to itself: "set address" never happened
+            netns._ip("-n", net.hub, "link", "del", "br0")
+            netns._ip("-n", net.hub, "link", "add", "name", "br0", "type", "bridge")
+            netns._ip("-n", net.hub, "link", "set", "br0", "up")
+        seen = {_bridge_mac(net.hub)}
+        pods = []
+        for _ in range(4):
+            pods.append(net.add_pod()[0])
+            seen.add(_bridge_mac(net.hub))
+        for ns in pods[:3]:
+            net.remove(ns)
+            seen.add(_bridge_mac(net.hub))
+    finally:
+        net.destroy()
+    if fixed:
+        assert seen == {netns.BRIDGE_MAC}, seen
+    else:
+        assert len(seen) > 1, seen

@@ -39,6 +39,7 @@ from aegis_flow.master.store import (
     job_layout,
 )
 from aegis_flow.settings import MASTER
+from aegis_flow.supervisor.waiting import close_within
 
 if TYPE_CHECKING:
     from aegis_flow.master.creds import CredsService
@@ -1031,7 +1032,7 @@ class Master:
             if self.security is not None:
                 await self.security.stop()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.nc.drain(), 2)
+                await close_within(self.nc, 2)
         stopped = bool(self.stopped_by) and not self.status.phase.terminal
         final = summary(self.status) + (f"; stopped by {self.stopped_by}" if stopped else "")
         # under aegis-flow run (a status file) the runner prints the summary as its last word:

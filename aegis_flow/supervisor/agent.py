@@ -48,7 +48,7 @@ from aegis_flow.supervisor.prewarm import Zygote, start_zygote
 from aegis_flow.supervisor.resources import Sampler
 from aegis_flow.supervisor.saver import Saver, saver_env
 from aegis_flow.supervisor.stats import BeatClock, StepRate, gpu_type
-from aegis_flow.supervisor.waiting import wait_or_cancel
+from aegis_flow.supervisor.waiting import close_within, wait_or_cancel
 from aegis_flow.vocab import PHASE_OF_ORDER, ExitCode, Order, Phase
 
 # a replacement for the real checks (tests): (order, config) -> (ok, fault class, detail)
@@ -956,7 +956,7 @@ class Supervisor:
                     asyncio.get_running_loop().remove_reader(self.progress.fileno())
                 self.progress.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.nc.drain(), 2)
+                await close_within(self.nc, 2)
         if code == -1:
             return await self.run_independent("the master told every worker to run on its own")
         return code

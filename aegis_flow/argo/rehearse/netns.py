@@ -37,6 +37,12 @@ from aegis_flow.local.runs import pid_alive
 PREFIX = "aegis-rh-"
 HUB_ADDR = "198.18.0.1"
 PREFIXLEN = 16
+#: the hub bridge's own MAC address, set once (locally administered). A Linux bridge left to
+#: itself takes the lowest MAC of its ports and changes it as pods come and go; every host then
+#: sends to the old one (its ARP entry) until it probes again: 10-15 s in which nothing
+#: reached the bridge's addresses (the API stand-in, every Service's ClusterIP). A job's
+#: master lost NATS for that long after each pod removal, and its exit took 12 s more.
+BRIDGE_MAC = "02:ae:00:00:00:01"
 CLONE_NEWNET = 0x40000000
 _counter = itertools.count()
 T = TypeVar("T")
@@ -117,6 +123,7 @@ class Network:
         try:
             self._add_ns(self.hub)
             _ip("-n", self.hub, "link", "add", "name", "br0", "type", "bridge")
+            _ip("-n", self.hub, "link", "set", "br0", "address", BRIDGE_MAC)
             _ip("-n", self.hub, "addr", "add", f"{HUB_ADDR}/{PREFIXLEN}", "dev", "br0")
             _ip("-n", self.hub, "link", "set", "br0", "up")
         except BaseException:
