@@ -143,8 +143,21 @@ def skipped(r: Result, name: str) -> str:
     return str(n.get("message", ""))
 
 
+def story(r: Result, lines: int = 25) -> str:
+    """What a failed rehearsal left: each node's phase and message, and the end of every pod's
+    main container's stderr (the master's decisions, the supervisors' orders), so that a run
+    that failed on a busy machine says where it stopped."""
+    out = [f"{n['displayName']}: {n['phase']} {n.get('message', '')}".rstrip()
+           for n in r.status.get("nodes", {}).values()]
+    if r.workdir is not None:
+        for err in sorted((r.workdir / "pods").glob("*/containers/main/stderr")):
+            tail = err.read_text(errors="replace").splitlines()[-lines:]
+            out += [f"--- {err.parts[-4]}", *tail]
+    return "\n".join(out)
+
+
 def assert_succeeded_clean(r: Result) -> dict[str, str]:
-    assert r.phase == "Succeeded", r.status.get("message")
+    assert r.phase == "Succeeded", f"{r.status.get('message')}\n{story(r)}"
     for name in ("master-service", "master"):
         assert r.node(name)["phase"] == "Succeeded"
     decision = outputs(r.node("master"))
