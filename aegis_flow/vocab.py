@@ -77,7 +77,7 @@ class FaultClass(enum.Enum):
     TRANSIENT = "transient"  # L1: restart the process in place
     CONTAINER = "container"  # L2: restart the container
     HARDWARE = "hardware"  # L3: quarantine the node, reschedule
-    SLOW = "slow"  # mark only (eviction at the next checkpoint is not built yet)
+    SLOW = "slow"  # a check's mark only (eviction is the training-time detector's: T13s/T13e)
 
 
 #: escalation order of the fault classes (slow is a mark, never escalated to)
@@ -104,8 +104,9 @@ LEVEL_OF = {FaultClass.TRANSIENT: Level.L1, FaultClass.CONTAINER: Level.L2,
             FaultClass.HARDWARE: Level.L3, FaultClass.SLOW: Level.MARK}
 RECOVERY = {Level.L1: "restart the process in place", Level.L2: "restart the container (worker)",
             Level.L3: "quarantine the node, reschedule elsewhere",
-            Level.MARK: "mark the rank slow (logged and counted; the job runs on: evicting it "
-                        "at the next checkpoint is not built yet)"}
+            Level.MARK: "mark the rank slow (logged and counted; the job runs on: a check's "
+                        "mark evicts nothing, a rank slow in training for slow_window is "
+                        "evicted after the next checkpoint)"}
 
 
 def passes(fault: FaultClass | None, *, troubleshooting: bool) -> bool:
