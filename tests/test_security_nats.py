@@ -353,7 +353,14 @@ def test_renewal_over_the_workers_own_subject_outlives_the_jwt(server: Server,
             assert session.renewals >= 2, notes
             assert session.creds.expires_at > first_exp
             assert cf.read(session.path or "").jwt == session.creds.jwt  # file kept current
-            assert not w.closed.is_set() and w.nc.is_connected
+            # a renewal ends with a reconnect (the new JWT counts from the next CONNECT): the
+            # last one may still be under way on a busy machine, so wait for it, bounded
+            deadline = time.monotonic() + 5
+            while not w.nc.is_connected:
+                assert not w.closed.is_set(), w.errors
+                assert time.monotonic() < deadline, f"not reconnected after renewal: {notes}"
+                await asyncio.sleep(0.05)
+            assert not w.closed.is_set()
             deadline = time.monotonic() + 10
             while not any(d == b"beat 9" for _, d in m.got):  # the last beat got through
                 assert time.monotonic() < deadline, m.got
