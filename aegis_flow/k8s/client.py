@@ -17,10 +17,20 @@ from aegis_flow.k8s.nodes import NodeInfo
 
 MERGE_PATCH = "application/merge-patch+json"
 
+#: every call is bounded: (connect, read) seconds per attempt, and one more attempt where
+#: urllib3 retries (a failed connection; a read only for GET). Without a bound, an API server
+#: that accepts and never answers held a quarantine, a credential grant's pod lookup and the
+#: master's exit (which joins its worker threads) for ever; urllib3's default is four
+#: attempts, each unbounded.
+REQUEST_TIMEOUT: tuple[float, float] = (5.0, 15.0)
+RETRIES = 1
+
 
 class KubeNodeApi:
-    def __init__(self, core_v1: Any) -> None:
+    def __init__(self, core_v1: Any, *, timeout: tuple[float, float] = REQUEST_TIMEOUT
+                 ) -> None:
         self.core = core_v1
+        self.timeout = timeout
 
     @classmethod
     def connect(cls, *, kubeconfig: str | None = None, context: str | None = None
@@ -41,20 +51,23 @@ class KubeNodeApi:
         except (config.ConfigException, OSError) as exc:
             raise NodeApiError(f"no Kubernetes configuration: {exc} (give --kubeconfig, or "
                                "run in a pod with a service account)") from None
-        return cls(client.CoreV1Api())
+        cfg = client.Configuration.get_default_copy()  # what load_*_config just set
+        cfg.retries = RETRIES
+        return cls(client.CoreV1Api(client.ApiClient(cfg)))
 
     @classmethod
-    def from_host(cls, host: str, *, token: str | None = None, verify_ssl: bool = True
-                  ) -> KubeNodeApi:
+    def from_host(cls, host: str, *, token: str | None = None, verify_ssl: bool = True,
+                  timeout: tuple[float, float] = REQUEST_TIMEOUT) -> KubeNodeApi:
         """A client for one API server URL (tests point it at a local recorder)."""
         from kubernetes import client
 
         cfg = client.Configuration(host=host)
         cfg.verify_ssl = verify_ssl
+        cfg.retries = RETRIES
         if token:
             cfg.api_key = {"authorization": token}
             cfg.api_key_prefix = {"authorization": "Bearer"}
-        return cls(client.CoreV1Api(client.ApiClient(cfg)))
+        return cls(client.CoreV1Api(client.ApiClient(cfg)), timeout=timeout)
 
     def _info(self, node: Any) -> NodeInfo:
         return NodeInfo.from_dict(self.core.api_client.sanitize_for_serialization(node))
@@ -64,6 +77,7 @@ class KubeNodeApi:
               _missing: NodeApiError | None = None, **kw: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
 
+        kw.setdefault("_request_timeout", self.timeout)
         try:
             return fn(*args, **kw)
         except ApiException as exc:

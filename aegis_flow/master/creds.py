@@ -27,9 +27,12 @@ from aegis_flow.settings import MASTER
 
 log = logging.getLogger("aegis_flow.master.creds")
 MASTER_JWT_LIFETIME = 24 * 3600.0
-MAX_REQUEST_BYTES = 64 * 1024
+MAX_REQUEST_BYTES = 64 * 1024  # the largest SyncWorkerCreds request the gRPC server reads
 # a revocation outlives the revoked key's JWT by this much (clock skew between the nodes)
-REVOCATION_MARGIN = 300.0  # the largest SyncWorkerCreds request the gRPC server reads
+REVOCATION_MARGIN = 300.0
+#: how long a credential exchange waits for the API to say which pod asked (placement.py);
+#: longer, and the exchange goes on with no trusted node for the rank
+PLACEMENT_WAIT = 5.0
 
 
 @dataclass(frozen=True)
@@ -252,8 +255,14 @@ class _Servicer:
             placement = self.service.placement
             if placement is not None:  # where this rank's pod runs, from the API (F1)
                 peer = context.peer() if hasattr(context, "peer") else ""
-                node = await asyncio.get_running_loop().run_in_executor(
-                    None, placement.record, int(req.worker), str(peer))
+                try:  # bounded: the worker's own call has a deadline (worker-init --deadline)
+                    node = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
+                        None, placement.record, int(req.worker), str(peer)), PLACEMENT_WAIT)
+                except asyncio.TimeoutError:
+                    node = None
+                    placement.forget(int(req.worker), (
+                        f"rank {req.worker}: the API did not say within {PLACEMENT_WAIT:g} s "
+                        f"which pod is at {iss.shown(str(peer), 60)}"))
                 if node is None:
                     log.warning("credentials: %s", placement.refused[-1])
         except iss.Refused as exc:

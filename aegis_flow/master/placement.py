@@ -121,6 +121,12 @@ class PodsByAddress:
         self._nodes[rank] = pod.node
         return pod.node
 
+    def forget(self, rank: int, why: str) -> None:
+        """The lookup for ``rank`` took too long: no trusted node until its next exchange
+        (an answer that comes later may still record it: it is the API's own word)."""
+        self._nodes.pop(rank, None)
+        self.refused.append(why)
+
     def node_of(self, rank: int) -> str | None:
         return self._nodes.get(rank)
 

@@ -1,7 +1,9 @@
 """The master's asyncio shell: NATS in → ``machine.step`` → carry out the effects.
 
 Side effects (all here, nowhere in the core): a NATS connection, the JetStream KV store
-(``store.py``), timers (heartbeat loss, connect timeout, replacement deadline), log output.
+(``store.py``), timers (heartbeat loss, connect timeout, replacement deadline), log output,
+and with ``nodes`` a daemon thread per quarantine that labels the node on Kubernetes (an
+ending master waits ``NODE_JOBS_WAIT`` s for them, no longer).
 The status is persisted after every transition, before any order goes out; a master restarted
 mid-run resumes from the stored status while the workers keep training.
 """
@@ -15,7 +17,9 @@ import dataclasses
 import logging
 import os
 import socket
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter
@@ -514,9 +518,8 @@ class Master:
             self.stats["quarantined"] += 1
             self._note(f"node {effect.node} of rank {effect.rank} quarantined "
                        f"({effect.reason})", logging.WARNING)
-            if self.nodes is not None and effect.node:  # the client blocks: a worker thread
-                self.node_jobs.append(asyncio.get_running_loop().run_in_executor(
-                    None, self._quarantine_node, effect))
+            if self.nodes is not None and effect.node:  # the client blocks: a thread
+                self.node_jobs.append(_in_daemon_thread(self._quarantine_node, effect))
 
     async def _tell_workers(self, mtype: p.MsgType, seq: int, data: dict[str, Any],
                             now: float) -> None:
@@ -524,6 +527,23 @@ class Master:
         await self.nc.publish(self.subjects.broadcast, p.Message(
             job=self.cfg.job, namespace=self.cfg.namespace, pod_name="master", type=mtype,
             seq=seq, data=data, timestamp=now).encode())
+
+    async def node_jobs_done(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the node labels still being written (a master that
+        ends right after a quarantine writes them first); True when none is left. A call the
+        API server holds longer is left to its own timeout (``k8s.client.REQUEST_TIMEOUT``)
+        and said so: on Argo the workflow's quarantine step labels the same nodes from the
+        master's ``quarantined`` output."""
+        pending = [job for job in self.node_jobs if not job.done()]
+        if pending:
+            _, left = await asyncio.wait(pending, timeout=timeout)
+            if left:
+                log.warning("%d node label call(s) still wait on the Kubernetes API after "
+                            "%g s; the master goes on without them (on Argo the quarantine "
+                            "step labels the nodes of its 'quarantined' output)", len(left),
+                            timeout)
+                return False
+        return True
 
     def _quarantine_node(self, effect: m.Quarantine) -> None:
         """Label, taint and annotate the node on Kubernetes (k8s.ops; runs in a thread)."""
@@ -1029,6 +1049,7 @@ class Master:
         finally:
             with contextlib.suppress(Exception):  # the worker records of the last saves
                 await asyncio.wait_for(self.records_written(), 5)
+            await self.node_jobs_done(NODE_JOBS_WAIT)
             if self.security is not None:
                 await self.security.stop()
             with contextlib.suppress(Exception):
@@ -1104,6 +1125,33 @@ class Master:
 
 #: quiet transitions (acks, FINISHes that send nothing) are stored this often at most
 QUIET_SAVE = 0.2
+#: how long an ending master waits for the node labels it is still writing
+NODE_JOBS_WAIT = 10.0
+
+
+def _in_daemon_thread(fn: Callable[..., None], *args: Any) -> asyncio.Future[None]:
+    """Run ``fn(*args)`` in a daemon thread; a future of the running loop says when it ended
+    (an exception is logged, not raised). Not the loop's executor: the interpreter joins its
+    threads at exit, so one call that an API server holds would hold the master's exit too
+    (``Master.node_jobs_done`` bounds the wait)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    def body() -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - a thread's failure is logged, never lost
+            log.exception("%s failed", getattr(fn, "__name__", "a node call"))
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+                loop.call_soon_threadsafe(settle)
+
+    threading.Thread(target=body, name="aegis-node-label", daemon=True).start()
+    return done
 
 
 def _quiet(before: m.Status, event: m.Event, after: m.Status, effects: list[m.Effect]) -> bool:
