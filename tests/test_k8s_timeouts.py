@@ -36,6 +36,7 @@ from aegis_flow.local.natsserver import EmbeddedNats
 from aegis_flow.master import model as mm
 from aegis_flow.master.runtime import NODE_JOBS_WAIT, Master, MasterConfig
 from tests.jobs import Proc
+from tests.test_placement import _message  # the protocol message a test rank sends
 
 
 @contextlib.contextmanager
@@ -148,12 +149,6 @@ def test_an_ending_master_waits_for_node_labels_only_so_long(
     assert later
     assert "1 node label call(s) still wait on the Kubernetes API after 0.5 s" in caplog.text
     assert api.get_node("gpu-2").quarantined
-
-
-def _message(kind: p.MsgType, rank: int, seq: int, data: dict[str, Any]) -> bytes:
-    return p.Message(job="j", namespace="default", pod_name=f"j-worker-{rank}", type=kind,
-                     rank=rank, seq=seq, incarnation=f"inc-{rank}", phase="Pending",
-                     data=data, timestamp=time.time()).encode()
 
 
 @pytest.mark.e2e
