@@ -163,6 +163,14 @@ def test_a_state_disk_full_mid_training_ends_cleanly(state_tmpfs: Path, tmp_path
         job.wait_for("AEGIS_KILLED rank 1", timeout=60)
         job.wait_for("nats-server cannot write its store", timeout=60)
         time.sleep(3.0)
+        if "T5:" in job.output:
+            # the troubleshoot order went out before the store failed: its io checks run on
+            # the full disk. Room comes back only once both ranks have checked (each rank's
+            # second check line), or a rank checked after it and passed while the other had
+            # failed: T3j's rule then takes the failure for its node's (docs/recovery.md)
+            with contextlib.suppress(AssertionError):  # no check line: the outcome decides
+                for rank in (0, 1):
+                    job.wait_for(f"[rank {rank} check]", timeout=30, count=2)
         filler.unlink()  # room again: nats-server is restarted, the held reports decided
         rc = job.wait(timeout=180)
     finally:
@@ -174,7 +182,7 @@ def test_a_state_disk_full_mid_training_ends_cleanly(state_tmpfs: Path, tmp_path
     assert "the NATS store has room again: restarting nats-server" in job.output
     assert "master ended" not in job.output and "master crashed" not in job.output
     assert st["error_nodes"] == [] and "quarantined" not in job.output.replace(
-        "nothing was quarantined", "")
+        "nothing was quarantined", ""), job.output
     if st["phase"] == "Failed":  # the io check ran on the full disk: the job's storage
         assert rc == 1 and "ENOSPC" in st["failure"] and "T3j" in job.output, job.output
     else:  # the io check ran after room came back: recovered in place
