@@ -1,9 +1,12 @@
 """A real local HTTP server that records every request and answers from a route table, for
-testing real API clients (kubernetes, Hera's WorkflowsService) without a cluster."""
+testing real API clients (kubernetes, Hera's WorkflowsService) without a cluster; and a
+``black_hole``: a server that accepts connections and never answers."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -76,3 +79,40 @@ def recording_server() -> Iterator[Recorder]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+@dataclass
+class BlackHole:
+    url: str
+    accepted: threading.Event  # set at the first connection it took
+
+
+@contextmanager
+def black_hole() -> Iterator[BlackHole]:
+    """A TCP server on 127.0.0.1 that accepts every connection and never answers (an API
+    server that hangs); closed with everything it accepted on leaving."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    srv.settimeout(0.2)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+    hole = BlackHole(f"http://127.0.0.1:{srv.getsockname()[1]}", threading.Event())
+
+    def accept() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                conn, _ = srv.accept()
+                held.append(conn)
+                hole.accepted.set()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield hole
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in held:
+            conn.close()
+        srv.close()

@@ -13,16 +13,13 @@ no timeout).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,36 +32,9 @@ from aegis_flow.k8s.client import KubeNodeApi
 from aegis_flow.local.natsserver import EmbeddedNats
 from aegis_flow.master import model as mm
 from aegis_flow.master.runtime import NODE_JOBS_WAIT, Master, MasterConfig
+from tests.fake_ranks import rank1_fails_bootcheck
+from tests.http_recorder import black_hole
 from tests.jobs import Proc
-from tests.test_placement import _message  # the protocol message a test rank sends
-
-
-@contextlib.contextmanager
-def black_hole() -> Iterator[str]:
-    """A TCP server on 127.0.0.1 that accepts every connection and never answers: its URL."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                conn, _ = srv.accept()
-                held.append(conn)
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{srv.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join(5)
-        for conn in held:
-            conn.close()
-        srv.close()
 
 
 def _bounded(fn: Any, limit: float) -> tuple[BaseException | None, float]:
@@ -88,8 +58,8 @@ def _bounded(fn: Any, limit: float) -> tuple[BaseException | None, float]:
 
 
 def test_an_api_server_that_never_answers_is_a_retryable_error_within_the_bound() -> None:
-    with black_hole() as url:
-        api = KubeNodeApi.from_host(url, timeout=(1.0, 1.0))
+    with black_hole() as hole:
+        api = KubeNodeApi.from_host(hole.url, timeout=(1.0, 1.0))
         for call in (lambda: api.get_node("gpu-1"), lambda: api.list_nodes(),
                      lambda: api.patch_node("gpu-1", {"metadata": {"labels": {"a": "b"}}}),
                      lambda: api.pods_at("default", "10.0.0.7")):
@@ -158,11 +128,11 @@ def test_a_master_whose_api_server_never_answers_still_ends_on_sigterm(
     nodes = tmp_path / "nodes.json"
     nodes.write_text(json.dumps({"0": "gpu-1", "1": "gpu-2"}))
     subjects = p.Subjects("default", "j")
-    with black_hole() as url, EmbeddedNats(tmp_path / "nats") as server:
+    with black_hole() as hole, EmbeddedNats(tmp_path / "nats") as server:
         kubeconfig = tmp_path / "kubeconfig"
         kubeconfig.write_text(json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "c",
-            "clusters": [{"name": "c", "cluster": {"server": url}}],
+            "clusters": [{"name": "c", "cluster": {"server": hole.url}}],
             "users": [{"name": "u", "user": {"token": "t"}}],
             "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
         env = {**os.environ, "KUBECONFIG": str(kubeconfig),
@@ -175,31 +145,12 @@ def test_a_master_whose_api_server_never_answers_still_ends_on_sigterm(
         try:
             async def go() -> None:
                 nc = await nats.connect(server.url)
-                orders: list[p.Message] = []
-
-                async def heard(msg: Any) -> None:
-                    orders.append(p.decode(msg.data))
-
-                await nc.subscribe(subjects.broadcast, cb=heard)
-                deadline = time.monotonic() + 60
-                while not any(o.data.get("order") == "bootcheck" for o in orders):
-                    assert time.monotonic() < deadline, master.output
-                    for rank in (0, 1):
-                        await nc.publish(subjects.master(rank), _message(
-                            p.MsgType.ACK, rank, 0, {}))
-                    await asyncio.sleep(0.3)
-                seq = next(o.seq for o in orders if o.data.get("order") == "bootcheck")
-                await nc.publish(subjects.master(0), _message(
-                    p.MsgType.FINISH, 0, seq, {"ok": True, "detail": "fine"}))
-                await nc.publish(subjects.master(1), _message(
-                    p.MsgType.FINISH, 1, seq, {"ok": False, "fault": "hardware",
-                                               "detail": "gpu: lost"}))
-                await nc.flush()
+                await rank1_fails_bootcheck(nc, subjects, lambda: master.output)
                 await nc.close()
 
             asyncio.run(go())
             master.wait_for("node gpu-2 of rank 1 quarantined", timeout=30)
-            time.sleep(1.0)  # the label call is under way, and held
+            assert hole.accepted.wait(30), master.output  # the label call is held there
             started = time.monotonic()
             master.proc.send_signal(signal.SIGTERM)
             code = master.wait(NODE_JOBS_WAIT + 20)

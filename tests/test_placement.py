@@ -31,6 +31,7 @@ from aegis_flow.master.placement import (
     peer_address,
     trusted_node,
 )
+from tests.fake_ranks import rank1_fails_bootcheck
 from tests.jobs import Proc
 
 
@@ -90,12 +91,6 @@ def test_peer_addresses(peer: str, address: str) -> None:
     assert peer_address(peer) == address
 
 
-def _message(kind: p.MsgType, rank: int, seq: int, data: dict[str, Any]) -> bytes:
-    return p.Message(job="j", namespace="default", pod_name=f"j-worker-{rank}", type=kind,
-                     rank=rank, seq=seq, incarnation=f"inc-{rank}", phase="Pending",
-                     data=data, timestamp=time.time()).encode()
-
-
 @pytest.mark.e2e
 def test_a_lying_worker_cannot_get_another_node_quarantined(tmp_path: Path) -> None:
     root = str(Path(__file__).resolve().parent.parent)
@@ -112,27 +107,12 @@ def test_a_lying_worker_cannot_get_another_node_quarantined(tmp_path: Path) -> N
         try:
             async def go() -> dict[str, Any]:
                 nc = await nats.connect(server.url)
-                orders: list[p.Message] = []
-
-                async def heard(msg: Any) -> None:
-                    orders.append(p.decode(msg.data))
-
-                await nc.subscribe(subjects.broadcast, cb=heard)
                 claims = {0: "local-node-0", 1: "kube-control-plane"}  # rank 1 lies
+                await rank1_fails_bootcheck(
+                    nc, subjects, lambda: master.output,
+                    acks={rank: {"node": node} for rank, node in claims.items()},
+                    detail="gpu: lost (so it says)")
                 deadline = time.monotonic() + 60
-                while not any(o.data.get("order") == "bootcheck" for o in orders):
-                    assert time.monotonic() < deadline, master.output
-                    for rank in (0, 1):
-                        await nc.publish(subjects.master(rank), _message(
-                            p.MsgType.ACK, rank, 0, {"node": claims[rank]}))
-                    await asyncio.sleep(0.3)
-                seq = next(o.seq for o in orders if o.data.get("order") == "bootcheck")
-                await nc.publish(subjects.master(0), _message(
-                    p.MsgType.FINISH, 0, seq, {"ok": True, "detail": "fine"}))
-                await nc.publish(subjects.master(1), _message(
-                    p.MsgType.FINISH, 1, seq, {"ok": False, "fault": "hardware",
-                                               "detail": "gpu: lost (so it says)"}))
-                await nc.flush()
                 port = ""
                 while True:
                     assert time.monotonic() < deadline, master.output

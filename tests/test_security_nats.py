@@ -127,9 +127,9 @@ async def master(server: Server, job: str, *, workers: int = 2, lifetime: float 
 
 
 def init_config(svc: CredsService, job: str, worker: str, tmp: Path, **kw: Any) -> InitConfig:
+    kw = {"deadline": 5.0, "retries": 1, **kw}
     return InitConfig(master=f"127.0.0.1:{svc.port}", job=job, namespace="default",
-                      worker=worker, token=TOKEN, out=tmp / f"{job}-{worker}.creds",
-                      deadline=5.0, retries=1, **kw)
+                      worker=worker, token=TOKEN, out=tmp / f"{job}-{worker}.creds", **kw)
 
 
 async def worker(svc: CredsService, job: str, rank: int, tmp: Path,
@@ -292,6 +292,35 @@ def test_a_replacement_locks_out_its_predecessor(server: Server, tmp_path: Path)
             await asyncio.wait_for(old.closed.wait(), 10)
 
     asyncio.run(go())
+
+
+def test_an_api_that_never_says_which_pod_asked_delays_an_exchange_only_so_long(
+        server: Server, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """On Kubernetes the master asks the API which pod made a credential exchange (F1). An API
+    server that accepts and never answers (the real client, its own 15 s read bound) holds the
+    exchange PLACEMENT_WAIT s, no longer: the worker gets its credentials, the rank has no
+    trusted node, and the log says why."""
+    from aegis_flow.k8s.client import KubeNodeApi
+    from aegis_flow.master.creds import PLACEMENT_WAIT
+    from aegis_flow.master.placement import KubePods, PodsByAddress
+    from tests.http_recorder import black_hole
+
+    async def go(url: str) -> float:
+        async with master(server, "job-p") as (svc, _):
+            svc.placement = PodsByAddress(KubePods(KubeNodeApi.from_host(url), "default"),
+                                          "wf")
+            started = time.monotonic()
+            await worker(svc, "job-p", 1, tmp_path, deadline=PLACEMENT_WAIT + 10)
+            took = time.monotonic() - started
+            assert svc.placement.node_of(1) is None
+            return took
+
+    with black_hole() as hole, caplog.at_level("WARNING", logger="aegis_flow.master.creds"):
+        took = asyncio.run(go(hole.url))
+        assert hole.accepted.is_set()  # the lookup was asked, and held
+    assert PLACEMENT_WAIT - 0.5 < took < PLACEMENT_WAIT + 5, took
+    assert f"rank 1: the API did not say within {PLACEMENT_WAIT:g} s which pod is at" \
+        in caplog.text
 
 
 def test_two_jobs_side_by_side_never_see_each_other(server: Server, tmp_path: Path) -> None:
